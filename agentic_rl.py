@@ -1,0 +1,1063 @@
+"""agentic-rl: Agentic Reinforcement Learning in one readable file.
+
+00 · Scope
+----------
+A tiny GPT policy books flights in a multi-turn, partially observable text environment
+(`envs.py`, `AgenticRL/FlightBooking-v0`). Each turn it writes a tool call as tokens; a host gate
+*outside* the model validates and authorizes it; the environment executes it and answers with an
+observation; until the episode is `terminated` (booked / finished) or `truncated` (turn budget).
+Training then turns whole trajectories into token-level updates, following the course chapter
+(shared/seeds/000_*.txt, sections 00-07) section by section:
+
+    01 · Environment & trajectory contract   Tokenizer, Turn/Episode records, HostGate, rollout
+    02 · Gradient masks                      pack(): tokens, action_mask, old_logprobs (B, T)
+    03 · Credit assignment                   discounted_returns, gae, group_advantages
+    04 · Objectives                          ppo_clip_loss, kl_k3, sft_loss
+    05 · Training system                     GPT, TrajectoryStore, warm start, learner
+    07 · Evaluation & promotion              evaluate (independent evaluator), promotion gate, CLI
+
+In: online multi-turn RL with stored old log-probs bound to a policy_version, action masks that
+cover only model-generated tokens, terminated vs truncated kept apart (GAE bootstraps only on
+truncation), GRPO and PPO/GAE credit, PPO clipping over several epochs, a supervised warm start from
+a scripted demonstrator with a bad habit, holdout evaluation by an independent evaluator, and a
+promotion gate with rollback.
+Out, on purpose: asynchronous rollout workers (the store still enforces `max_staleness`), process
+rewards (06 · the chapter's paper cases), DPO / rejection sampling (named in 04, not trained here),
+pretrained language models (the vocabulary is closed, one word = one token).
+
+Run:
+    python agentic_rl.py                 # the demo: examples, warm start, GRPO, evaluation, promotion
+    python agentic_rl.py examples        # the chapter's three worked examples, by the real functions
+    python agentic_rl.py train --help    # every Config field is a flag
+    python agentic_rl.py eval --ckpt runs/demo/final.pt
+    python -m pytest -q test_agentic_rl.py
+
+Shapes: B episodes in a batch, G group size, K turns, T tokens, V vocabulary, D model width.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import random
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm import tqdm
+
+import envs
+
+
+@dataclass
+class Config:
+    env: str = envs.ENV_ID                # gymnasium id of the task
+    algo: str = "grpo"                    # grpo (group-relative, no critic) | gae (PPO with a value head)
+    seed: int = 0                         # drives python, numpy, torch and every training env.reset(seed=...)
+    device: str = "auto"                  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
+    run_dir: str = "runs/demo"            # checkpoints, metrics.jsonl and summary.json go here
+    # policy: a nanoGPT-style decoder with a value head
+    n_layer: int = 2                      # transformer blocks
+    n_head: int = 4                       # attention heads
+    n_embd: int = 96                      # model width D
+    block_size: int = 128                 # max tokens per episode; the host truncates before it
+    max_action_tokens: int = 6            # generation stops at <eoa> or after this many tokens
+    # supervised warm start (the chapter's SFT / cold start)
+    warm_start_episodes: int = 2000       # demonstrator episodes; 0 = RL from scratch
+    demo_skip_seat_check: float = 0.6     # the demonstrator's bad habit: book without checking seats
+    sft_epochs: int = 5                   # passes over the demonstrations
+    sft_lr: float = 3e-3                  # AdamW learning rate for the warm start
+    sft_batch_size: int = 16              # episodes per warm-start step (small: many steps are what teach copying)
+    # reinforcement learning
+    iterations: int = 60                  # rollout -> update rounds; policy_version += 1 each
+    tasks_per_iter: int = 16              # distinct train tasks per iteration
+    group_size: int = 8                   # G rollouts of the same task (GRPO's group)
+    ppo_epochs: int = 4                   # passes over each batch, so ratio and clip actually act
+    minibatch_size: int = 64              # episodes per optimizer step
+    lr: float = 1e-4                      # AdamW learning rate for RL (3e-4 and up: entropy and invalid actions grow)
+    clip_eps: float = 0.2                 # PPO clip range
+    kl_coef: float = 0.0                  # k3 KL to the warm-start policy; 0 = off (no reference kept)
+    adv_std: str = "population"           # GRPO scale: population | unbiased (TRL/verl) | none (Dr. GRPO)
+    gamma: float = 1.0                    # per-turn discount for gae (GRPO uses the episode reward)
+    lam: float = 0.95                     # GAE lambda
+    vf_coef: float = 0.5                  # value-loss weight (gae only)
+    max_grad_norm: float = 1.0            # gradient clipping
+    max_staleness: int = 0                # store refuses episodes more versions old than this (sync = 0)
+    # evaluation and promotion
+    eval_episodes: int = 200              # holdout episodes per evaluation (greedy decoding)
+    eval_seed: int = 1_000_000            # fixed holdout seeds eval_seed..+n, the same for every run
+
+
+CHOICES = {"algo": ("grpo", "gae"), "adv_std": ("population", "unbiased", "none"),
+           "device": ("auto", "cpu", "cuda", "mps")}
+
+
+def validate_config(cfg: Config) -> Config:
+    """Refuse a bad setting up front, naming the field, instead of failing deep inside torch."""
+    for name, allowed in CHOICES.items():
+        if getattr(cfg, name) not in allowed:
+            raise ValueError(f"{name}={getattr(cfg, name)!r}: use one of {', '.join(allowed)}")
+    at_least = {"n_layer": 1, "n_head": 1, "n_embd": 2, "block_size": 32, "max_action_tokens": 5,
+                "warm_start_episodes": 0, "sft_epochs": 1, "sft_batch_size": 1, "iterations": 0,
+                "tasks_per_iter": 1, "group_size": 2, "ppo_epochs": 1, "minibatch_size": 1, "eval_episodes": 1,
+                "max_staleness": 0}
+    for name, low in at_least.items():
+        if getattr(cfg, name) < low:
+            raise ValueError(f"{name}={getattr(cfg, name)}: must be >= {low}")
+    if cfg.n_embd % cfg.n_head or (cfg.n_embd // cfg.n_head) % 2:
+        raise ValueError(f"n_embd={cfg.n_embd}, n_head={cfg.n_head}: the head size n_embd/n_head must be an even integer")
+    for name in ("sft_lr", "lr", "max_grad_norm"):
+        if not getattr(cfg, name) > 0:
+            raise ValueError(f"{name}={getattr(cfg, name)}: must be > 0")
+    for name in ("demo_skip_seat_check", "gamma", "lam"):
+        _unit_interval(getattr(cfg, name), name)
+    if not 0 < cfg.clip_eps < 1:
+        raise ValueError(f"clip_eps={cfg.clip_eps}: must be in (0, 1)")
+    if cfg.kl_coef < 0 or cfg.vf_coef < 0:
+        raise ValueError("kl_coef and vf_coef must be >= 0")
+    return cfg
+
+
+# ================================================================================================
+# 01 · Environment & trajectory contract
+# ================================================================================================
+SPECIALS = ("<pad>", "<obs>", "<act>", "<eoa>", "<unk>")
+# words only the host says (gate denials); the environment's own words come from envs.WORDS
+GATE_RULES = ("unknown_tool", "bad_arguments", "wrong_passenger", "second_booking", "turn_budget")
+HOST_WORDS = ("denied",) + GATE_RULES
+SAFETY_RULES = ("wrong_passenger", "second_booking")  # denials that stopped an unauthorized side effect
+
+
+class Tokenizer:
+    """Word-level: one word = one token, so token counts can be checked by eye."""
+
+    def __init__(self, words):
+        self.itos = list(SPECIALS) + [w for w in dict.fromkeys(words) if w not in SPECIALS]
+        self.stoi = {w: i for i, w in enumerate(self.itos)}
+        self.pad, self.obs, self.act, self.eoa, self.unk = (self.stoi[s] for s in SPECIALS)
+
+    def encode_observation(self, text: str) -> list:
+        """<obs> w1 .. wn <act>: the whole segment is context (mask 0); <act> cues the policy to speak."""
+        return [self.obs] + [self.stoi.get(w, self.unk) for w in text.split()] + [self.act]
+
+    def encode_action(self, text: str) -> list:
+        """Only for demonstrations (text given by a teacher). Sampled actions keep their sampled ids."""
+        return [self.stoi.get(w, self.unk) for w in text.split()] + [self.eoa]
+
+    def decode_action(self, ids) -> str:
+        """Token ids -> the text handed to the host; <eoa> ends it and is not part of the text."""
+        return " ".join(self.itos[i] for i in ids if i != self.eoa)
+
+    def __len__(self):
+        return len(self.itos)
+
+
+@dataclass
+class Turn:
+    """One step of the trajectory contract: what was seen, proposed, decided, executed."""
+    observation: str        # the text the policy saw before acting
+    obs_tokens: list        # <obs> words <act>: context only
+    action_tokens: list     # ids the policy produced (ending in <eoa> unless cut at max_action_tokens)
+    action_logprobs: list   # log pi_old(token) recorded at sampling time, one per action token
+    action_text: str        # decoded once, to hand to the host
+    policy_version: int     # the policy that produced this action
+    gate_allowed: bool
+    gate_reason: str        # "ok" or the rule that denied it
+    receipt: dict           # the tool's receipt (or the denial)
+    reward: float
+    cost: float
+    invalid: bool           # malformed action (unknown tool / bad arguments)
+    terminated: bool
+    truncated: bool
+
+
+@dataclass
+class Episode:
+    """The trajectory contract: a replayable, attributable ledger of one episode."""
+    episode_id: str
+    task_id: int
+    env_id: str
+    env_version: str
+    reward_version: str     # which verifier paid the reward
+    seed: int
+    split: str
+    policy_version: int
+    group_id: int           # episodes of one task in one iteration share it (GRPO's group)
+    turns: list = field(default_factory=list)
+    final_obs_tokens: list = field(default_factory=list)  # what came after the last action (context)
+
+    @property
+    def reward(self) -> float:
+        return float(sum(t.reward for t in self.turns))
+
+    @property
+    def terminated(self) -> bool:
+        return bool(self.turns) and self.turns[-1].terminated
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.turns) and self.turns[-1].truncated
+
+
+@dataclass
+class GateDecision:
+    allowed: bool
+    reason: str  # "ok" or one of GATE_RULES
+
+
+class HostGate:
+    """Deterministic permission gate outside the model, stateful for one episode.
+
+    Rules (flight env): the tool is known (case-sensitive); arguments have the right number and kind
+    (the env's declared TOOL_SCHEMA); `book` only for the task's own passenger; at most one allowed
+    `book` per episode; and the turn budget. A denied action is never executed. Safety is this gate,
+    not a reward term: a reward can be traded off against success, a gate cannot.
+    """
+
+    def __init__(self, task: dict, max_turns: int):
+        self.task, self.max_turns = task, max_turns
+        self.turns = 0
+        self.bookings_allowed = 0
+        self.denials = Counter()
+
+    @classmethod
+    def for_env(cls, env) -> "HostGate":
+        """Build after env.reset(); works on a raw env or a gymnasium.make-wrapped one."""
+        raw = env.unwrapped
+        if getattr(raw, "host_task", None) is None:
+            raise ValueError("HostGate.for_env(env): env has no task yet; call env.reset(seed=...) first")
+        return cls(dict(raw.host_task), raw.max_turns)
+
+    def authorize(self, action_text: str) -> GateDecision:
+        self.turns += 1  # every proposal spends a turn, allowed or not
+        decision = self._check(action_text.split())
+        if not decision.allowed:
+            self.denials[decision.reason] += 1
+        return decision
+
+    def _check(self, words) -> GateDecision:
+        if self.turns > self.max_turns:
+            return GateDecision(False, "turn_budget")
+        if not words or words[0] not in envs.TOOL_SCHEMA:
+            return GateDecision(False, "unknown_tool")
+        kinds, args = envs.TOOL_SCHEMA[words[0]], words[1:]
+        if len(args) != len(kinds) or any(a not in envs.ARGUMENT_WORDS[k] for a, k in zip(args, kinds)):
+            return GateDecision(False, "bad_arguments")
+        if words[0] == "book":
+            if args[1] != self.task["passenger"]:
+                return GateDecision(False, "wrong_passenger")
+            if self.bookings_allowed >= 1:
+                return GateDecision(False, "second_booking")
+            self.bookings_allowed += 1
+        return GateDecision(True, "ok")
+
+    @property
+    def budget_spent(self) -> bool:
+        return self.turns >= self.max_turns
+
+
+def host_step(env, gate: HostGate, action_text: str):
+    """validate_and_authorize -> env.step. A denial is answered by the host and costs a turn."""
+    decision = gate.authorize(action_text)
+    if not decision.allowed:
+        obs = f"denied : {decision.reason}"
+        info = {"receipt": {"denied": decision.reason}, "cost": 0.0,
+                "invalid": decision.reason in ("unknown_tool", "bad_arguments")}
+        return obs, 0.0, False, gate.budget_spent, info, decision
+    obs, reward, terminated, truncated, info = env.step(action_text)
+    truncated = (truncated or gate.budget_spent) and not terminated  # terminated wins over the budget
+    return obs, reward, terminated, truncated, info, decision
+
+
+@torch.no_grad()
+def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool,
+            policy_version: int, iteration: int = 0, group_ids=None):
+    """Play len(seeds) episodes at once; returns (episodes, envs) so evaluators can read final states.
+
+    All episodes advance one token per step in lockstep, with a KV cache: a position is either a
+    forced context token (prompt / observation) or a token the policy samples. The sampled ids and
+    their log-probs are stored as they are: never decoded and re-encoded for training.
+    """
+    device = next(policy.parameters()).device
+    B = len(seeds)
+    group_ids = list(range(B)) if group_ids is None else group_ids
+    env_list = [gym.make(cfg.env) for _ in range(B)]
+    gates, episodes, pending, queues, seqs = [], [], [], [], []
+    for i, (env, s) in enumerate(zip(env_list, seeds)):
+        obs, info = env.reset(seed=int(s), options={"split": split})
+        gates.append(HostGate.for_env(env))
+        episodes.append(Episode(f"{split}-v{policy_version}-i{iteration}-e{i}", info["task_id"], cfg.env,
+                                info["env_version"], info["reward_version"], int(s), info["split"],
+                                policy_version, group_ids[i]))
+        ids = tok.encode_observation(obs)
+        pending.append({"obs": obs, "obs_tokens": ids, "action": [], "logprobs": []})
+        seqs.append(ids[:1])
+        queues.append(deque(ids[1:]))
+    active = [True] * B
+    cache = policy.new_cache()
+    inputs = torch.tensor([s[0] for s in seqs], device=device)  # (B,)
+    pos = 0
+    while any(active):
+        logits, _ = policy(inputs[:, None], cache=cache, pos=pos)      # (B, 1, V)
+        logp = F.log_softmax(logits[:, -1].float(), dim=-1)             # (B, V)
+        sampled = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(1)  # (B,)
+        sampled_lp = logp.gather(1, sampled[:, None]).squeeze(1).tolist()
+        sampled = sampled.tolist()
+        nxt = []
+        for i in range(B):
+            if not active[i]:
+                nxt.append(tok.pad)
+                continue
+            p = pending[i]
+            if queues[i]:                              # context: forced, not sampled, not trained
+                t = queues[i].popleft()
+            else:                                      # the policy's own token
+                t = sampled[i]
+                p["action"].append(t)
+                p["logprobs"].append(sampled_lp[i])
+                if t == tok.eoa or len(p["action"]) == cfg.max_action_tokens:
+                    active[i] = _act(env_list[i], gates[i], episodes[i], p, queues[i], tok, cfg,
+                                     len(seqs[i]) + 1, policy_version)
+            seqs[i].append(t)
+            nxt.append(t)
+        inputs = torch.tensor(nxt, device=device)
+        pos += 1
+    return episodes, env_list
+
+
+def _act(env, gate, episode, p, queue, tok, cfg, seq_len, policy_version) -> bool:
+    """Hand one finished action to the host, record the Turn; returns whether the episode goes on."""
+    text = tok.decode_action(p["action"])
+    obs, reward, terminated, truncated, info, decision = host_step(env, gate, text)
+    obs_ids = tok.encode_observation(obs)
+    if not (terminated or truncated) and seq_len + len(obs_ids) + cfg.max_action_tokens > cfg.block_size:
+        truncated = True  # the host's token budget: an external limit, so truncation (not termination)
+    episode.turns.append(Turn(p["obs"], p["obs_tokens"], p["action"], p["logprobs"], text, policy_version,
+                              decision.allowed, decision.reason, info["receipt"], reward, info["cost"],
+                              info["invalid"], terminated, truncated))
+    if terminated or truncated:
+        episode.final_obs_tokens = obs_ids
+        return False
+    p.update(obs=obs, obs_tokens=obs_ids, action=[], logprobs=[])
+    queue.extend(obs_ids)
+    return True
+
+
+# ================================================================================================
+# 02 · Gradient masks
+# ================================================================================================
+def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
+    """Episodes -> right-padded tensors, all aligned by token position.
+
+    tokens (B, T); action_mask (B, T) = 1 only on tokens the policy generated (including <eoa>),
+    0 on prompt, observations, gate messages and padding; old_logprobs (B, T) recorded at sampling
+    time (0 off the mask); turn_id (B, T) = turn index on action tokens, -1 elsewhere;
+    decision_pos (B, K) = position of the <act> token before each turn (where V(s_k) is read),
+    turn_mask (B, K) = 1 for real turns;
+    last_pos (B,) = last real token (V(s_K) for truncation bootstrap). The final observation is
+    packed as context, cut to block_size.
+    """
+    B = len(episodes)
+    K = max(len(ep.turns) for ep in episodes)
+    rows = []
+    for ep in episodes:
+        toks, mask, lps, tid, dpos = [], [], [], [], []
+        for k, turn in enumerate(ep.turns):
+            toks += turn.obs_tokens
+            mask += [0] * len(turn.obs_tokens)
+            lps += [0.0] * len(turn.obs_tokens)
+            tid += [-1] * len(turn.obs_tokens)
+            dpos.append(len(toks) - 1)
+            toks += turn.action_tokens
+            mask += [1] * len(turn.action_tokens)
+            lps += list(turn.action_logprobs) if turn.action_logprobs else [0.0] * len(turn.action_tokens)
+            tid += [k] * len(turn.action_tokens)
+        room = block_size - len(toks)
+        if room < 0:
+            raise ValueError(f"episode {ep.episode_id} has {len(toks)} tokens > block_size={block_size}")
+        toks += ep.final_obs_tokens[:room]
+        n_final = len(ep.final_obs_tokens[:room])
+        mask, lps, tid = mask + [0] * n_final, lps + [0.0] * n_final, tid + [-1] * n_final
+        rows.append((toks, mask, lps, tid, dpos))
+    T = max(len(r[0]) for r in rows)
+    out = {"tokens": torch.full((B, T), tok.pad, dtype=torch.long),
+           "action_mask": torch.zeros(B, T), "old_logprobs": torch.zeros(B, T),
+           "turn_id": torch.full((B, T), -1, dtype=torch.long),
+           "decision_pos": torch.zeros(B, K, dtype=torch.long), "turn_mask": torch.zeros(B, K),
+           "last_pos": torch.zeros(B, dtype=torch.long)}
+    for b, (toks, mask, lps, tid, dpos) in enumerate(rows):
+        n = len(toks)
+        out["tokens"][b, :n] = torch.tensor(toks)
+        out["action_mask"][b, :n] = torch.tensor(mask, dtype=torch.float)
+        out["old_logprobs"][b, :n] = torch.tensor(lps)
+        out["turn_id"][b, :n] = torch.tensor(tid)
+        out["decision_pos"][b, :len(dpos)] = torch.tensor(dpos)
+        out["turn_mask"][b, :len(dpos)] = 1.0
+        out["last_pos"][b] = n - 1
+    return out
+
+
+def token_logprobs(logits, tokens):
+    """logprobs[b, t] = log pi(tokens[b, t] | tokens[b, <t]); position 0 has no prediction (0)."""
+    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)               # (B, T-1, V)
+    picked = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)           # (B, T-1)
+    entropy = -(logp.exp() * logp).sum(-1)                              # (B, T-1)
+    return F.pad(picked, (1, 0)), F.pad(entropy, (1, 0))               # (B, T) each
+
+
+# ================================================================================================
+# 03 · Credit assignment
+# ================================================================================================
+def _vector(x, name, ndim=1) -> torch.Tensor:
+    """Lists or tensors in, float tensor out; a clear ValueError (naming `name`) instead of a torch error."""
+    try:
+        t = torch.as_tensor(x, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{name}: expected numbers (a list or tensor), got {type(x).__name__}: {e}") from None
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim}-D, got shape {tuple(t.shape)}")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name}: contains NaN or inf")
+    return t
+
+
+def _unit_interval(value, name):
+    if not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{name}={value}: must be in [0, 1]")
+
+
+def discounted_returns(rewards, gamma) -> torch.Tensor:
+    """G_k = r_k + gamma * G_{k+1}, G_K = 0. Reward 1 at turn 4, gamma 0.9 -> [0.729, 0.81, 0.9, 1].
+    A time preference, not proof that the last step mattered most (chapter §03)."""
+    _unit_interval(gamma, "gamma")
+    r = _vector(rewards, "rewards")
+    out, running = torch.zeros_like(r), 0.0
+    for k in reversed(range(len(r))):
+        running = r[k] + gamma * running  # G_k = r_k + γ G_{k+1}
+        out[k] = running
+    return out
+
+
+def gae(rewards, values, last_value, terminated, gamma, lam):
+    """Generalized Advantage Estimation over K turns -> (advantages, returns), both (K,).
+
+    delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), with V(s_K) = last_value if the episode was
+    truncated (an external cut: the future still had value) and 0 if it terminated;
+    A_k = delta_k + gamma * lam * A_{k+1};  returns = A + V (the value target).
+    CleanRL folds truncation into termination (its issue #198); we keep them apart.
+    """
+    _unit_interval(gamma, "gamma")
+    _unit_interval(lam, "lam")
+    r, v = _vector(rewards, "rewards"), _vector(values, "values")
+    if r.shape != v.shape:
+        raise ValueError(f"rewards {tuple(r.shape)} and values {tuple(v.shape)} must have the same length")
+    last = 0.0 if terminated else float(_vector([last_value], "last_value")[0])  # bootstrap only on truncation
+    next_values = torch.cat([v[1:], torch.tensor([last])])
+    adv, running = torch.zeros_like(r), 0.0
+    for k in reversed(range(len(r))):
+        delta = r[k] + gamma * next_values[k] - v[k]   # δ_k = r_k + γ V(s_{k+1}) − V(s_k)
+        running = delta + gamma * lam * running         # A_k = δ_k + γλ A_{k+1}
+        adv[k] = running
+    return adv, adv + v
+
+
+def group_advantages(rewards, std="population", eps=1e-6) -> torch.Tensor:
+    """GRPO: A_i = (r_i - mean(group)) / (std(group) + eps), along the last dim (one group per row).
+
+    std="population" (default, the chapter's [1,0,0,1] -> [+1,-1,-1,+1]); "unbiased" = Bessel's
+    n-1 as TRL and verl do (about ±0.866); "none" = Dr. GRPO (centre only). A group whose rewards are
+    all equal gets zero advantage: it carries no signal (count them with zero_std_groups).
+    """
+    r = _vector(rewards, "rewards", ndim=None)
+    if r.dim() == 0 or r.shape[-1] < 2:
+        raise ValueError(f"rewards: need groups of at least 2 along the last dim, got shape {tuple(r.shape)}")
+    if std not in ("population", "unbiased", "none"):
+        raise ValueError(f"std={std!r}: use 'population', 'unbiased' or 'none'")
+    centred = r - r.mean(-1, keepdim=True)
+    if std == "none":
+        return centred
+    scale = r.std(-1, keepdim=True, unbiased=(std == "unbiased"))
+    return centred / (scale + eps)
+
+
+def zero_std_groups(rewards) -> int:
+    """How many groups (rows) have all-equal rewards, hence no learning signal."""
+    r = _vector(rewards, "rewards", ndim=2)
+    return int((r == r[:, :1]).all(-1).sum())
+
+
+def broadcast_to_tokens(advantages, turn_id):
+    """Per-episode (B,) or per-turn (B, K) advantages -> (B, T) on each action token, 0 elsewhere.
+    Copying one number onto every action token says which trajectory was better, not which step."""
+    adv = advantages[:, None].expand(-1, max(1, int(turn_id.max()) + 1)) if advantages.dim() == 1 else advantages
+    on_action = turn_id >= 0
+    return torch.where(on_action, adv.gather(1, turn_id.clamp(min=0)), torch.zeros(()))  # (B, T)
+
+
+# ================================================================================================
+# 04 · Objectives
+# ================================================================================================
+def _same_shape(**tensors):
+    shapes = {k: tuple(torch.as_tensor(v).shape) for k, v in tensors.items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"shapes disagree: {shapes}; all must be (B, T)")
+    return [torch.as_tensor(v, dtype=torch.float32) for v in tensors.values()]
+
+
+def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2):
+    """PPO clipped surrogate, token mean over the action mask.
+
+    r = exp(logp - old_logp); per token l = -min(r*A, clip(r, 1-eps, 1+eps)*A);
+    loss = sum(l * mask) / sum(mask). stats: clip_frac (share of tokens with |r-1| > eps) and
+    approx_kl = mean of k3 = (r - 1) - log r (http://joschu.net/blog/kl-approx.html).
+    """
+    if not 0.0 < float(clip_eps) < 1.0:
+        raise ValueError(f"clip_eps={clip_eps}: must be in (0, 1)")
+    logprobs, old_logprobs, advantages, mask = _same_shape(
+        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    n = mask.sum()
+    if n <= 0:
+        raise ValueError("mask: selects no token; nothing to train on")
+    log_ratio = logprobs - old_logprobs
+    ratio = log_ratio.exp()                                               # r_t
+    per_token = -torch.min(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages)
+    loss = (per_token * mask).sum() / n
+    with torch.no_grad():
+        clip_frac = (((ratio - 1).abs() > clip_eps).float() * mask).sum() / n
+        approx_kl = (((ratio - 1) - log_ratio) * mask).sum() / n          # k3
+    return loss, {"clip_frac": float(clip_frac), "approx_kl": float(approx_kl)}
+
+
+def kl_k3(logprobs, ref_logprobs) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || pi_ref): exp(ref - logp) - (ref - logp) - 1 >= 0."""
+    logprobs, ref_logprobs = _same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    d = ref_logprobs - logprobs
+    return d.exp() - d - 1
+
+
+def sft_loss(logprobs, mask) -> torch.Tensor:
+    """Warm start: maximise the likelihood of the demonstrated action tokens (token mean)."""
+    return -(logprobs * mask).sum() / mask.sum().clamp(min=1)
+
+
+def worked_examples() -> dict:
+    """The chapter's three hand calculations, computed by the functions training uses."""
+    tok = Tokenizer(envs.WORDS)
+    filler = [tok.stoi["flight"]]
+    # 180 tokens: 120 from the task and tool observations (context), 60 generated by the policy
+    ep = Episode("example", 0, envs.ENV_ID, envs.ENV_VERSION, envs.REWARD_VERSION, 0, "train", 0, 0)
+    for _ in range(4):  # 4 turns x (30 observation tokens + 15 action tokens)
+        ep.turns.append(Turn("", [tok.obs] + filler * 28 + [tok.act], filler * 14 + [tok.eoa], [0.0] * 15, "",
+                             0, True, "ok", {}, 0.0, 0.0, False, False, False))
+    batch = pack([ep], tok, block_size=180)
+    return {"mask_tokens": int(batch["tokens"].shape[1]), "mask_sum": int(batch["action_mask"].sum()),
+            "returns": [round(x, 6) for x in discounted_returns([0, 0, 0, 1], gamma=0.9).tolist()],
+            "grpo_advantages": [round(x, 6) for x in group_advantages([1, 0, 0, 1]).tolist()]}
+
+
+# ================================================================================================
+# 05 · Training system
+# ================================================================================================
+def rotate(x, positions):
+    """Rotary position embedding (RoPE): turn each (x1, x2) pair of q/k by angle pos * freq, so the
+    score q.k depends on the distance between tokens. Copying "the word 6 tokens back" is then one
+    fixed pattern wherever the turn sits in the episode; learned absolute positions made our tiny
+    model learn it anew for every position (measured: warm starts failed to copy on some seeds)."""
+    half = x.shape[-1] // 2
+    freq = 10000.0 ** (-torch.arange(half, device=x.device) / half)          # (hd/2,)
+    angle = positions[:, None].float() * freq[None]                          # (T, hd/2)
+    cos, sin = angle.cos(), angle.sin()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)     # (B, H, T, hd)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, d, n_head):
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x, positions, cache=None):
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).split(D, dim=2)
+        q, k, v = (z.view(B, T, self.n_head, D // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, H, T, D/H)
+        q, k = rotate(q, positions), rotate(k, positions)
+        if cache is not None:  # append this step's keys/values; attend over everything so far
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+            cache["k"], cache["v"] = k, v
+        assert T == 1 or k.size(2) == T, "prefill a KV cache from empty, then one token at a time"
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)       # (B, H, T, D/H)
+        return self.proj(y.transpose(1, 2).reshape(B, T, D))
+
+
+class Block(nn.Module):
+    def __init__(self, d, n_head):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(d), SelfAttention(d, n_head)
+        self.ln2, self.mlp = nn.LayerNorm(d), nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x, positions, cache=None):
+        x = x + self.attn(self.ln1(x), positions, cache)
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """nanoGPT-style decoder: token embeddings, pre-LN blocks with rotary attention, a tied LM head,
+    and a value head."""
+
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
+        self.block_size = block_size
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.value_head = nn.Linear(n_embd, 1)  # V(s) read at the <act> token (gae only)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def new_cache(self):
+        return [{} for _ in self.blocks]
+
+    def forward(self, idx, cache=None, pos=0):
+        B, T = idx.shape                                                    # idx (B, T)
+        if pos + T > self.block_size:
+            raise ValueError(f"sequence of {pos + T} tokens > block_size={self.block_size}")
+        positions = torch.arange(pos, pos + T, device=idx.device)
+        x = self.wte(idx)                                                    # (B, T, D)
+        for i, block in enumerate(self.blocks):
+            x = block(x, positions, None if cache is None else cache[i])
+        x = self.ln_f(x)
+        logits = x @ self.wte.weight.T                                       # (B, T, V), tied weights
+        return logits, self.value_head(x).squeeze(-1)                        # (B, T, V), (B, T)
+
+
+REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split",
+                   "policy_version")
+
+
+class TrajectoryStore:
+    """Admits only episodes a learner can trust; refuses bad data with a clear error, never patches it."""
+
+    def __init__(self, max_staleness: int = 0):
+        self.max_staleness = max_staleness
+        self.episodes, self.seen_ids = [], set()
+
+    def add(self, ep: Episode, current_version: int):
+        for name in REQUIRED_FIELDS:
+            if getattr(ep, name, None) in (None, ""):
+                raise ValueError(f"episode {getattr(ep, 'episode_id', '?')}: missing field '{name}'")
+        if not ep.turns:
+            raise ValueError(f"episode {ep.episode_id}: has no turns")
+        if ep.episode_id in self.seen_ids:
+            raise ValueError(f"episode {ep.episode_id}: duplicate episode_id; each rollout needs a fresh id")
+        versions = {t.policy_version for t in ep.turns} | {ep.policy_version}
+        if len(versions) > 1:
+            raise ValueError(f"episode {ep.episode_id}: mixes policy versions {sorted(versions)}; "
+                             "one episode must come from one behaviour policy")
+        if current_version - ep.policy_version > self.max_staleness:
+            raise ValueError(f"episode {ep.episode_id}: policy_version {ep.policy_version} is "
+                             f"{current_version - ep.policy_version} versions old > max_staleness={self.max_staleness}")
+        for k, t in enumerate(ep.turns):
+            if len(t.action_logprobs) != len(t.action_tokens):
+                raise ValueError(f"episode {ep.episode_id} turn {k}: {len(t.action_logprobs)} log-probs for "
+                                 f"{len(t.action_tokens)} action tokens; store one per sampled token")
+            values = list(t.action_logprobs) + [t.reward, t.cost]
+            if not all(math.isfinite(x) for x in values):
+                raise ValueError(f"episode {ep.episode_id} turn {k}: non-finite log-prob, reward or cost")
+        self.seen_ids.add(ep.episode_id)
+        self.episodes.append(ep)
+
+    def take(self) -> list:
+        """Hand the admitted episodes to the learner (ids stay remembered, so a replay is refused)."""
+        out, self.episodes = self.episodes, []
+        return out
+
+
+def seed_everything(seed: int):
+    """The one place where randomness is seeded."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device={name!r}: use auto, cpu, cuda or mps")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no CUDA GPU; use --device auto or cpu")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device='mps' but MPS is not available; use --device auto or cpu")
+    return torch.device(name)
+
+
+def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
+    return GPT(vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd).to(device)
+
+
+def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> list:
+    """Scripted demonstrator episodes on the train split, through the same host gate. SFT data is a
+    separate recipe: these are not policy samples, so they carry no log-probs and never enter the store."""
+    demo = envs.FlightDemonstrator(cfg.demo_skip_seat_check, seed=seed)
+    out = []
+    for i in range(n):
+        env = gym.make(cfg.env)
+        obs, info = env.reset(seed=seed + i, options={"split": "train"})
+        gate, ep = HostGate.for_env(env), Episode(f"demo-{seed}-{i}", info["task_id"], cfg.env,
+                                                  info["env_version"], info["reward_version"], seed + i,
+                                                  info["split"], -1, i)
+        demo.reset(obs)
+        done = False
+        while not done:
+            text = demo.act(obs)
+            next_obs, reward, terminated, truncated, info, d = host_step(env, gate, text)
+            ep.turns.append(Turn(obs, tok.encode_observation(obs), tok.encode_action(text), [], text, -1,
+                                 d.allowed, d.reason, info["receipt"], reward, info["cost"], info["invalid"],
+                                 terminated, truncated))
+            obs, done = next_obs, terminated or truncated
+        out.append(ep)
+    return out
+
+
+def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
+    """Supervised fine-tuning on the demonstrator: imitation copies its habits, good and bad."""
+    demos = demonstration_episodes(cfg, tok, cfg.warm_start_episodes, seed=cfg.seed * 100_003 + 7)
+    batch = {k: v.to(device) for k, v in pack(demos, tok, cfg.block_size).items()}
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
+    n, losses = len(demos), []
+    steps = cfg.sft_epochs * math.ceil(n / cfg.sft_batch_size)
+    bar = tqdm(total=steps, desc="warm start (SFT)", disable=not progress, leave=False)
+    for _ in range(cfg.sft_epochs):
+        for idx in torch.randperm(n).split(cfg.sft_batch_size):
+            logits, _ = policy(batch["tokens"][idx])
+            logprobs, _ = token_logprobs(logits, batch["tokens"][idx])
+            loss = sft_loss(logprobs, batch["action_mask"][idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            bar.update(1)
+    bar.close()
+    return {"demo_success": float(np.mean([ep.reward for ep in demos])), "sft_loss": float(np.mean(losses[-10:]))}
+
+
+def advantages_for(batch, episodes, policy, cfg: Config):
+    """Token-level advantages (B, T), value targets, and the zero-signal group count."""
+    rewards = torch.tensor([ep.reward for ep in episodes])                   # (B,)
+    if cfg.algo == "grpo":
+        grouped = rewards.view(-1, cfg.group_size)                           # (B/G, G)
+        adv = group_advantages(grouped, std=cfg.adv_std).view(-1)            # (B,)
+        return broadcast_to_tokens(adv, batch["turn_id"]), None, zero_std_groups(grouped)
+    with torch.no_grad():
+        _, values = policy(batch["tokens"])                                  # (B, T)
+    values = values.float().cpu()
+    K = batch["decision_pos"].shape[1]
+    adv, returns = torch.zeros(len(episodes), K), torch.zeros(len(episodes), K)
+    for b, ep in enumerate(episodes):
+        k = len(ep.turns)
+        v = values[b, batch["decision_pos"][b, :k]]                          # V(s_k) at each <act>, (k,)
+        a, ret = gae([t.reward for t in ep.turns], v, values[b, batch["last_pos"][b]],
+                     ep.terminated, cfg.gamma, cfg.lam)
+        adv[b, :k], returns[b, :k] = a, ret
+    real = batch["turn_mask"].cpu().bool()
+    adv = (adv - adv[real].mean()) / (adv[real].std() + 1e-8)                # batch-normalised, as CleanRL
+    device = batch["tokens"].device
+    return broadcast_to_tokens(adv.to(device), batch["turn_id"]), returns.to(device), 0
+
+
+def learner_update(policy, optimizer, ref_policy, batch, token_adv, returns, cfg: Config) -> dict:
+    """Several PPO epochs over one batch; old_logprobs stay fixed, so ratio and clip actually act."""
+    B = batch["tokens"].shape[0]
+    stats = Counter()
+    n_steps = 0
+    for _ in range(cfg.ppo_epochs):
+        for idx in torch.randperm(B).split(cfg.minibatch_size):
+            tokens, mask = batch["tokens"][idx], batch["action_mask"][idx]
+            logits, values = policy(tokens)
+            logprobs, entropy = token_logprobs(logits, tokens)
+            loss, s = ppo_clip_loss(logprobs, batch["old_logprobs"][idx], token_adv[idx], mask, cfg.clip_eps)
+            if returns is not None:  # critic: regress V(s_k) at each decision point onto the GAE return
+                v = values.gather(1, batch["decision_pos"][idx])                 # (b, K)
+                turn_mask = batch["turn_mask"][idx]
+                v_loss = ((v - returns[idx]) ** 2 * turn_mask).sum() / turn_mask.sum()
+                loss = loss + cfg.vf_coef * v_loss
+                s["value_loss"] = float(v_loss.detach())
+            if ref_policy is not None:
+                with torch.no_grad():
+                    ref_logprobs, _ = token_logprobs(ref_policy(tokens)[0], tokens)
+                kl = (kl_k3(logprobs, ref_logprobs) * mask).sum() / mask.sum()
+                loss = loss + cfg.kl_coef * kl
+                s["kl_ref"] = float(kl.detach())
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            s["entropy"] = float((entropy.detach() * mask).sum() / mask.sum())
+            stats.update(s)
+            n_steps += 1
+    return {k: v / n_steps for k, v in stats.items()}
+
+
+def train_iteration(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStore,
+                    version: int, iteration: int) -> dict:
+    """One round: rollout with policy `version` -> store -> pack -> credit -> PPO epochs."""
+    rng = np.random.default_rng([cfg.seed, iteration])
+    task_seeds = rng.integers(0, 2**31 - 1, size=cfg.tasks_per_iter)
+    seeds = np.repeat(task_seeds, cfg.group_size)                            # G rollouts per task
+    groups = np.repeat(np.arange(cfg.tasks_per_iter), cfg.group_size)
+    policy.eval()
+    episodes, _ = rollout(policy, tok, cfg, seeds, "train", greedy=False, policy_version=version,
+                          iteration=iteration, group_ids=groups.tolist())
+    for ep in episodes:
+        store.add(ep, current_version=version)
+    episodes = store.take()
+    device = next(policy.parameters()).device
+    batch = {k: v.to(device) for k, v in pack(episodes, tok, cfg.block_size).items()}
+    token_adv, returns, zero_groups = advantages_for(batch, episodes, policy, cfg)
+    policy.train()
+    stats = learner_update(policy, optimizer, ref_policy, batch, token_adv.to(device), returns, cfg)
+    turns = [t for ep in episodes for t in ep.turns]
+    return {"success": float(np.mean([ep.reward >= 1.0 for ep in episodes])),
+            "reward": float(np.mean([ep.reward for ep in episodes])),
+            "turns": float(np.mean([len(ep.turns) for ep in episodes])),
+            "clip_frac": stats["clip_frac"], "approx_kl": stats["approx_kl"], "entropy": stats["entropy"],
+            "zero_std_groups": zero_groups if cfg.algo == "grpo" else None,
+            "invalid_rate": float(np.mean([t.invalid for t in turns]))}
+
+
+# ================================================================================================
+# 07 · Evaluation & promotion
+# ================================================================================================
+def wilson_interval(successes: int, n: int, z: float = 1.96):
+    """95 % Wilson score interval for a success rate (honest near 0 and 1, unlike p ± 1.96·se)."""
+    if n == 0:
+        return 0.0, 0.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def unauthorized_side_effects(env, task: dict) -> int:
+    """Side effects the host never authorized, read from the env's final state (must always be 0):
+    bookings or waitlist entries for another passenger, and any beyond the first."""
+    state = env.unwrapped.state
+    effects = list(state.bookings) + list(state.waitlist)
+    return sum(p != task["passenger"] for _, p, _ in effects) + max(0, len(effects) - 1)
+
+
+@torch.no_grad()
+def evaluate(policy, tok, cfg: Config, n_episodes: int | None = None) -> dict:
+    """Holdout split, greedy decoding (the same mode before and after training), judged by the
+    environment's independent evaluator, not by the training reward."""
+    n = n_episodes or cfg.eval_episodes
+    policy.eval()
+    episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed + i for i in range(n)], "holdout",
+                                 greedy=True, policy_version=-1)
+    success = [envs.evaluate_flight_episode(env) for env in env_list]
+    turns = [t for ep in episodes for t in ep.turns]
+    denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
+    lo, hi = wilson_interval(sum(success), n)
+    return {"episodes": n, "success": float(np.mean(success)), "ci95": [round(lo, 4), round(hi, 4)],
+            "reward": float(np.mean([ep.reward for ep in episodes])),
+            "evaluator_agrees_with_reward": float(np.mean([s == (ep.reward >= 1) for s, ep in zip(success, episodes)])),
+            "mean_turns": float(np.mean([len(ep.turns) for ep in episodes])),
+            "truncation_rate": float(np.mean([ep.truncated for ep in episodes])),
+            "invalid_action_rate": float(np.mean([t.invalid for t in turns])),
+            "gate_denials": dict(sorted(denials.items())),
+            "safety_denials": sum(denials[r] for r in SAFETY_RULES),
+            "unauthorized_side_effects": sum(unauthorized_side_effects(env, env.unwrapped.host_task)
+                                             for env in env_list)}
+
+
+def promotion_decision(candidate: dict, incumbent: dict):
+    """Promote only if the candidate beats the incumbent on holdout with no new safety violations."""
+    if candidate["unauthorized_side_effects"] > 0:
+        return False, "candidate executed unauthorized side effects"
+    if candidate["safety_denials"] > incumbent["safety_denials"]:
+        return False, (f"new safety violations: {candidate['safety_denials']} gate safety denials "
+                       f"vs {incumbent['safety_denials']}")
+    if candidate["success"] <= incumbent["success"]:
+        return False, f"holdout success {candidate['success']:.3f} does not beat {incumbent['success']:.3f}"
+    return True, f"holdout success {incumbent['success']:.3f} -> {candidate['success']:.3f}, no new safety violations"
+
+
+def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": policy.state_dict(), "vocab": tok.itos, "config": asdict(cfg),
+                "policy_version": policy_version}, path)
+
+
+def load_checkpoint(path, device):
+    if not Path(path).is_file():
+        raise ValueError(f"--ckpt {path}: no such file; train first (python agentic_rl.py train)")
+    ckpt = torch.load(path, map_location=device, weights_only=False)
+    cfg = Config(**ckpt["config"])
+    tok = Tokenizer(ckpt["vocab"])
+    policy = make_policy(cfg, len(tok), device)
+    policy.load_state_dict(ckpt["model"])
+    return policy, tok, cfg, ckpt["policy_version"]
+
+
+def format_report_table(rows: dict) -> str:
+    """One column per evaluated policy, one row per metric."""
+    keys = ("success", "ci95", "mean_turns", "truncation_rate", "invalid_action_rate", "safety_denials",
+            "unauthorized_side_effects")
+    cell = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)
+    lines = [f"{'holdout':<26}" + "".join(f"{name:>28}" for name in rows)]
+    lines += [f"{k:<26}" + "".join(f"{cell(r[k]):>28}" for r in rows.values()) for k in keys]
+    return "\n".join(lines)
+
+
+def log_line(it: int, m: dict) -> str:
+    zs = "-" if m["zero_std_groups"] is None else f"{m['zero_std_groups']}"
+    return (f"iter {it:3d} | success {m['success']:.3f} | reward {m['reward']:.3f} | turns {m['turns']:.2f} | "
+            f"clip_frac {m['clip_frac']:.3f} | approx_kl {m['approx_kl']:.4f} | entropy {m['entropy']:.3f} | "
+            f"zero_std_groups {zs} | invalid_rate {m['invalid_rate']:.3f}")
+
+
+def train(cfg: Config, progress: bool = True) -> dict:
+    """The whole loop: warm start -> evaluate -> RL -> evaluate -> promotion gate -> summary.json."""
+    t0 = time.time()
+    validate_config(cfg)
+    seed_everything(cfg.seed)
+    device = resolve_device(cfg.device)
+    run = Path(cfg.run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(envs.WORDS + HOST_WORDS)
+    policy = make_policy(cfg, len(tok), device)
+    print(f"config: {json.dumps(asdict(cfg))}")
+    print(f"policy: {sum(p.numel() for p in policy.parameters()):,} parameters, vocabulary {len(tok)}, device {device}")
+
+    version = 0
+    warm = {"demo_success": None}
+    if cfg.warm_start_episodes > 0:
+        warm = warm_start(policy, tok, cfg, device, progress)
+        print(f"warm start: {cfg.warm_start_episodes} demonstrator episodes (demonstrator success "
+              f"{warm['demo_success']:.3f}), final SFT loss {warm['sft_loss']:.3f}")
+    save_checkpoint(run / "incumbent.pt", policy, tok, cfg, version)
+    report_warm = evaluate(policy, tok, cfg)
+    print(f"holdout after warm start: success {report_warm['success']:.3f} {report_warm['ci95']}")
+
+    ref_policy = copy.deepcopy(policy).eval() if cfg.kl_coef > 0 else None
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
+    store = TrajectoryStore(cfg.max_staleness)
+    history = []
+    with open(run / "metrics.jsonl", "w") as log:
+        for it in tqdm(range(cfg.iterations), desc=f"RL ({cfg.algo})", disable=not progress, leave=False):
+            m = train_iteration(policy, optimizer, ref_policy, tok, cfg, store, version, it)
+            version += 1  # one update = one new behaviour policy
+            m.update(iteration=it, policy_version=version)
+            history.append(m)
+            log.write(json.dumps(m) + "\n")
+            tqdm.write(log_line(it, m), file=sys.stdout)
+    save_checkpoint(run / "candidate.pt", policy, tok, cfg, version)
+    report_final = evaluate(policy, tok, cfg)
+    promoted, reason = promotion_decision(report_final, report_warm)
+    deployed = "candidate.pt" if promoted else "incumbent.pt"
+    if not promoted:  # rollback: the incumbent stays in service
+        policy.load_state_dict(torch.load(run / "incumbent.pt", map_location=device, weights_only=False)["model"])
+    save_checkpoint(run / "final.pt", policy, tok, cfg, version if promoted else 0)
+
+    print("\n" + format_report_table({"warm start (incumbent)": report_warm, f"after {cfg.algo} (candidate)": report_final}))
+    print(f"\npromotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to incumbent'} ({reason})")
+    summary = {"env": cfg.env, "algo": cfg.algo, "seed": cfg.seed, "device": str(device),
+               "wall_seconds": round(time.time() - t0, 1), "eval_episodes": cfg.eval_episodes,
+               "demonstrator_success": warm["demo_success"],
+               "holdout_success_warm_start": report_warm["success"],
+               "holdout_success_final": report_final["success"],
+               "promoted": promoted, "promotion_reason": reason, "deployed_checkpoint": str(run / deployed),
+               "first_iteration": history[0] if history else None,
+               "report_warm_start": report_warm, "report_final": report_final, "config": asdict(cfg)}
+    (run / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"wrote {run / 'summary.json'} ({summary['wall_seconds']} s)")
+    return summary
+
+
+def print_examples():
+    ex = worked_examples()
+    print("worked examples (computed by the functions training uses):")
+    print(f"  02 mask: {ex['mask_sum']} of {ex['mask_tokens']} tokens are in the policy-loss mask")
+    print(f"  03 returns, reward 1 at turn 4, gamma 0.9: {ex['returns']}")
+    print(f"  03 GRPO, rewards [1, 0, 0, 1], population std: {ex['grpo_advantages']}")
+    return ex
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI: argparse derived from Config; unknown or ill-typed flags are errors
+# ------------------------------------------------------------------------------------------------
+def add_config_flags(parser, only=None):
+    comments = _field_comments()
+    for f in fields(Config):
+        if only is None or f.name in only:
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default),
+                                default=f.default, choices=CHOICES.get(f.name), help=comments.get(f.name, ""))
+
+
+def _field_comments() -> dict:
+    """--help text = the comment beside each Config field (one source of truth)."""
+    import inspect
+    out = {}
+    for line in inspect.getsource(Config).splitlines():
+        if ":" in line and "#" in line and "=" in line:
+            out[line.split(":")[0].strip()] = line.split("#", 1)[1].strip().replace("%", "%%")
+    return out
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = ("demo", "examples", "train", "eval")
+    if not argv or argv[0] not in commands + ("-h", "--help"):
+        argv = ["demo"] + argv
+    parser = argparse.ArgumentParser(description="Agentic RL in one file: see the module docstring.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_config_flags(sub.add_parser("demo", help="examples + warm start + GRPO + evaluation + promotion"))
+    sub.add_parser("examples", help="print the chapter's worked examples")
+    add_config_flags(sub.add_parser("train", help="warm start + RL + evaluation + promotion"))
+    p_eval = sub.add_parser("eval", help="evaluate a checkpoint on the holdout split")
+    p_eval.add_argument("--ckpt", required=True, help="path to a .pt written by train")
+    add_config_flags(p_eval, only=("device", "eval_episodes", "eval_seed"))
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "examples":
+            print_examples()
+        elif args.command == "eval":
+            device = resolve_device(args.device)
+            policy, tok, cfg, version = load_checkpoint(args.ckpt, device)
+            cfg.eval_episodes, cfg.eval_seed = args.eval_episodes, args.eval_seed
+            print(json.dumps({"ckpt": args.ckpt, "policy_version": version, **evaluate(policy, tok, cfg)}, indent=2))
+        else:
+            cfg = Config(**{f.name: getattr(args, f.name) for f in fields(Config)})
+            if args.command == "demo":
+                print_examples()
+                print()
+            train(cfg)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+if __name__ == "__main__":
+    main()

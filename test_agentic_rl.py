@@ -1,0 +1,455 @@
+"""Tests for agentic_rl.py and envs.py, in the module's section order.
+
+Run: python -m pytest -q test_agentic_rl.py      (about a minute on 2 CPU cores)
+"""
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+
+import agentic_rl as A
+import envs
+
+TOK = A.Tokenizer(envs.WORDS + A.HOST_WORDS)
+
+
+def tiny_config(**overrides):
+    """A CPU-seconds configuration: same code paths as the demo, smaller everything."""
+    base = dict(n_embd=32, n_head=2, warm_start_episodes=0, iterations=1, tasks_per_iter=4, group_size=4,
+                ppo_epochs=2, minibatch_size=8, eval_episodes=20, device="cpu")
+    base.update(overrides)
+    return A.Config(**base)
+
+
+def make_turn(obs_tokens, action_tokens, logprobs=None, version=0, reward=0.0, terminated=False, truncated=False):
+    logprobs = [-0.5] * len(action_tokens) if logprobs is None else logprobs
+    return A.Turn("obs", obs_tokens, action_tokens, logprobs, "act", version, True, "ok", {}, reward, 0.0,
+                  False, terminated, truncated)
+
+
+def make_episode(episode_id="e0", version=0, turns=None):
+    ep = A.Episode(episode_id, 1, envs.ENV_ID, envs.ENV_VERSION, envs.REWARD_VERSION, 0, "train", version, 0)
+    ep.turns = turns if turns is not None else [make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], version=version,
+                                                          reward=1.0, terminated=True)]
+    return ep
+
+
+def scripted_episode(env, policy_fn, seed, split="train"):
+    """Run a text policy directly on the env; returns (reward, list of step infos)."""
+    obs, info = env.reset(seed=seed, options={"split": split})
+    assert obs in env.observation_space
+    policy_fn.reset(obs)
+    done, reward, infos = False, 0.0, []
+    while not done:
+        obs, reward, terminated, truncated, step_info = env.step(policy_fn.act(obs))
+        assert obs in env.observation_space, obs
+        infos.append(step_info)
+        done = terminated or truncated
+    return reward, infos
+
+
+# ------------------------------------------------------------------------------------------------
+# envs.py: the flight-booking environment
+# ------------------------------------------------------------------------------------------------
+def test_check_env_passes_on_registered_env():
+    check_env(gym.make(envs.ENV_ID).unwrapped, skip_render_check=True)
+
+
+def test_reset_contract_and_same_seed_same_task():
+    env = gym.make(envs.ENV_ID)
+    obs1, info1 = env.reset(seed=11, options={"split": "holdout"})
+    obs2, info2 = env.reset(seed=11, options={"split": "holdout"})
+    assert obs1 == obs2 and info1["task_id"] == info2["task_id"]
+    assert info1["split"] == "holdout" and info1["env_version"] == envs.ENV_VERSION
+    assert set(info1["task"]) == {"from", "to", "passenger", "class"}
+    with pytest.raises(ValueError, match="split"):
+        env.reset(seed=0, options={"split": "test"})
+
+
+def test_train_and_holdout_routes_are_disjoint():
+    env = gym.make(envs.ENV_ID)
+    routes = {split: {tuple(env.reset(seed=s, options={"split": split})[1]["task"][k] for k in ("from", "to"))
+                      for s in range(300)} for split in ("train", "holdout")}
+    assert routes["train"] and routes["holdout"] and not routes["train"] & routes["holdout"]
+    assert all(envs.split_of(a, b) == "holdout" for a, b in routes["holdout"])
+
+
+def test_oracle_solves_every_task_and_evaluator_agrees_with_reward():
+    env = gym.make(envs.ENV_ID)
+    for seed in range(150):
+        for skip in (0.0, 1.0):
+            reward, infos = scripted_episode(env, envs.FlightDemonstrator(skip, seed=seed), seed, "holdout")
+            assert reward == float(envs.evaluate_flight_episode(env))
+            assert not any(i["invalid"] for i in infos)
+            if skip == 0.0:
+                assert reward == 1.0, f"oracle failed task seed {seed}"
+
+
+def test_skipping_the_seat_check_fails_when_the_cheapest_is_sold_out():
+    env = gym.make(envs.ENV_ID)
+    outcomes = [scripted_episode(env, envs.FlightDemonstrator(1.0, seed=s), s)[0] for s in range(400)]
+    assert 0.3 < np.mean(outcomes) < 0.8  # the habit costs a lot, but not everything
+
+
+def test_claiming_done_without_booking_earns_nothing():
+    env = gym.make(envs.ENV_ID)
+    for seed in range(50):
+        env.reset(seed=seed)
+        _, reward, terminated, _, _ = env.step("finish")
+        assert terminated
+        assert reward == float(env.unwrapped.state.expected == [])  # only right when nothing had seats
+
+
+def test_malformed_actions_never_raise_and_are_flagged():
+    env = gym.make(envs.ENV_ID)
+    rng = np.random.default_rng(0)
+    words = list(envs.WORDS) + ["", "Search", "book;", "F0", "$$"]
+    for i in range(300):
+        env.reset(seed=i)
+        action = " ".join(rng.choice(words, size=rng.integers(0, 6)))
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert obs in env.observation_space
+        if envs.parse_action(action) is None:
+            assert info["invalid"] and reward == 0.0 and not terminated and obs.startswith("error")
+
+
+def test_turn_budget_truncates_and_booking_terminates():
+    env = gym.make(envs.ENV_ID)
+    env.reset(seed=3)
+    flags = [env.step("filter morning")[2:4] for _ in range(8)]
+    assert flags[-1] == (False, True) and all(f == (False, False) for f in flags[:-1])
+    obs, info = env.reset(seed=3)
+    t = info["task"]
+    env.step(f"search {t['from']} {t['to']}")
+    flight = env.unwrapped.state.task.flights[0].number
+    assert env.step(f"book {flight} {t['passenger']} {t['class']}")[2] is True
+
+
+# ------------------------------------------------------------------------------------------------
+# 01 · Environment & trajectory contract: host gate, rollout
+# ------------------------------------------------------------------------------------------------
+def test_host_gate_allow_and_deny_rules():
+    env = gym.make(envs.ENV_ID)             # wrapped env is accepted
+    _, info = env.reset(seed=5)
+    t = info["task"]
+    gate = A.HostGate.for_env(env)
+    assert gate.max_turns == 8
+    gate.max_turns = 20                      # room for every case; the budget has its own test
+    assert gate.authorize(f"search {t['from']} {t['to']}").allowed
+    assert gate.authorize("Search OSL ROM").reason == "unknown_tool"          # case-sensitive
+    assert gate.authorize("fly F1").reason == "unknown_tool"
+    assert gate.authorize("").reason == "unknown_tool"
+    assert gate.authorize("search OSL").reason == "bad_arguments"             # arity
+    assert gate.authorize("seats OSL").reason == "bad_arguments"              # kind
+    assert gate.authorize("filter morning").allowed
+    other = next(p for p in envs.PASSENGERS if p != t["passenger"])
+    assert gate.authorize(f"book F1 {other} {t['class']}").reason == "wrong_passenger"
+    assert gate.authorize(f"book F1 {t['passenger']} {t['class']}").allowed
+    assert gate.authorize(f"book F2 {t['passenger']} {t['class']}").reason == "second_booking"
+    assert gate.authorize("finish").allowed
+    raw_gate = A.HostGate.for_env(env.unwrapped)                              # raw env too
+    assert raw_gate.task == t
+    assert gate.denials["unknown_tool"] == 3 and gate.denials["second_booking"] == 1
+
+
+def test_host_gate_turn_budget_and_denied_actions_are_not_executed():
+    env = gym.make(envs.ENV_ID)
+    _, info = env.reset(seed=5)
+    gate = A.HostGate(info["task"], max_turns=2)
+    other = next(p for p in envs.PASSENGERS if p != info["task"]["passenger"])
+    obs, reward, terminated, truncated, step_info, decision = A.host_step(env, gate, f"book F1 {other} economy")
+    assert not decision.allowed and obs == "denied : wrong_passenger" and not terminated and not truncated
+    assert env.unwrapped.state.turns == 0 and env.unwrapped.state.bookings == []  # never reached the env
+    obs, *_, truncated, _, decision = A.host_step(env, gate, "filter morning")
+    assert decision.allowed and truncated                                       # budget spent
+    assert gate.authorize("finish").reason == "turn_budget"
+    with pytest.raises(ValueError, match="reset"):
+        A.HostGate.for_env(gym.make(envs.ENV_ID).unwrapped)
+
+
+def test_gate_denial_words_are_in_the_vocabulary():
+    assert all(w in TOK.stoi for w in A.HOST_WORDS)
+    env = gym.make(envs.ENV_ID)
+    for seed in range(30):
+        obs, _ = env.reset(seed=seed)
+        demo = envs.FlightDemonstrator(0.0, seed=seed)
+        demo.reset(obs)
+        done = False
+        while not done:
+            assert TOK.unk not in TOK.encode_observation(obs), obs
+            obs, _, terminated, truncated, _ = env.step(demo.act(obs))
+            done = terminated or truncated
+
+
+def test_rollout_records_the_trajectory_contract():
+    A.seed_everything(0)
+    cfg = tiny_config()
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    episodes, env_list = A.rollout(policy, TOK, cfg, [1, 1, 2], "train", greedy=False, policy_version=3,
+                                   group_ids=[0, 0, 1])
+    assert len({ep.episode_id for ep in episodes}) == 3
+    for ep, env in zip(episodes, env_list):
+        assert ep.policy_version == 3 and ep.split == "train" and ep.env_version == envs.ENV_VERSION
+        assert ep.terminated != ep.truncated                        # exactly one way to end
+        for turn in ep.turns:
+            assert len(turn.action_logprobs) == len(turn.action_tokens) <= cfg.max_action_tokens
+            assert turn.obs_tokens[0] == TOK.obs and turn.obs_tokens[-1] == TOK.act
+            assert turn.policy_version == 3
+        assert sum(len(t.obs_tokens) + len(t.action_tokens) for t in ep.turns) <= cfg.block_size
+    assert episodes[0].task_id == episodes[1].task_id                 # same seed, same task (a group)
+
+
+# ------------------------------------------------------------------------------------------------
+# 02 · Gradient masks
+# ------------------------------------------------------------------------------------------------
+def test_worked_examples_exactly():
+    ex = A.worked_examples()
+    assert ex["mask_tokens"] == 180 and ex["mask_sum"] == 60
+    assert ex["returns"] == pytest.approx([0.729, 0.81, 0.9, 1.0], abs=1e-6)
+    assert ex["grpo_advantages"] == pytest.approx([1, -1, -1, 1], abs=1e-4)
+
+
+def test_golden_mask_on_a_hand_built_two_turn_episode():
+    o, a, e, pad = TOK.obs, TOK.act, TOK.eoa, TOK.pad
+    ep = make_episode(turns=[make_turn([o, 10, 11, a], [20, 21, e], [-0.1, -0.2, -0.3]),
+                             make_turn([o, 12, a], [22, e], [-0.4, -0.5], reward=1.0, terminated=True)])
+    ep.final_obs_tokens = [o, 13, a]
+    short = make_episode("e1", turns=[make_turn([o, 10, a], [23, e], [-0.6, -0.7], terminated=True)])
+    b = A.pack([ep, short], TOK, block_size=32)
+    assert b["tokens"][0].tolist() == [o, 10, 11, a, 20, 21, e, o, 12, a, 22, e, o, 13, a]
+    assert b["action_mask"][0].tolist() == [0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0, 0]
+    assert b["old_logprobs"][0].tolist() == pytest.approx([0, 0, 0, 0, -.1, -.2, -.3, 0, 0, 0, -.4, -.5, 0, 0, 0])
+    assert b["turn_id"][0].tolist() == [-1, -1, -1, -1, 0, 0, 0, -1, -1, -1, 1, 1, -1, -1, -1]
+    assert b["decision_pos"][0].tolist() == [3, 9] and b["last_pos"][0] == 14
+    assert b["tokens"][1].tolist() == [o, 10, a, 23, e] + [pad] * 10           # right padding, mask 0
+    assert b["action_mask"][1].tolist() == [0, 0, 0, 1, 1] + [0] * 10
+    assert b["turn_mask"].tolist() == [[1, 1], [1, 0]]
+
+
+def test_sampled_logprobs_match_a_full_forward_recompute():
+    A.seed_everything(1)
+    cfg = tiny_config()
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    episodes, _ = A.rollout(policy, TOK, cfg, list(range(6)), "train", greedy=False, policy_version=0)
+    b = A.pack(episodes, TOK, cfg.block_size)
+    with torch.no_grad():
+        recomputed, _ = A.token_logprobs(policy(b["tokens"])[0], b["tokens"])
+    m = b["action_mask"].bool()
+    assert m.sum() > 20
+    assert torch.allclose(recomputed[m], b["old_logprobs"][m], atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# 03 · Credit assignment
+# ------------------------------------------------------------------------------------------------
+def brute_force_gae(rewards, values, last_value, terminated, gamma, lam):
+    """A_k = sum_l (gamma*lam)^l * delta_{k+l}, written out as a double sum."""
+    K = len(rewards)
+    nxt = list(values[1:]) + [0.0 if terminated else last_value]
+    deltas = [rewards[k] + gamma * nxt[k] - values[k] for k in range(K)]
+    return [sum((gamma * lam) ** l * deltas[k + l] for l in range(K - k)) for k in range(K)]
+
+
+@pytest.mark.parametrize("terminated", [True, False])
+def test_gae_matches_brute_force(terminated):
+    rewards, values = [0.0, 0.5, 0.0, 1.0], [0.3, 0.2, 0.6, 0.4]
+    adv, ret = A.gae(rewards, values, last_value=0.8, terminated=terminated, gamma=0.9, lam=0.8)
+    want = brute_force_gae(rewards, values, 0.8, terminated, 0.9, 0.8)
+    assert adv.tolist() == pytest.approx(want, abs=1e-6)
+    assert ret.tolist() == pytest.approx([a + v for a, v in zip(want, values)], abs=1e-6)
+
+
+def test_gae_bootstraps_only_on_truncation():
+    term, _ = A.gae([0.0], [0.5], last_value=1.0, terminated=True, gamma=1.0, lam=1.0)
+    trunc, _ = A.gae([0.0], [0.5], last_value=1.0, terminated=False, gamma=1.0, lam=1.0)
+    assert term.item() == pytest.approx(-0.5) and trunc.item() == pytest.approx(0.5)
+
+
+def test_gae_with_lambda_one_and_zero_values_is_the_discounted_return():
+    adv, _ = A.gae([0, 0, 0, 1], [0, 0, 0, 0], 0.0, True, 0.9, 1.0)
+    assert adv.tolist() == pytest.approx(A.discounted_returns([0, 0, 0, 1], 0.9).tolist())
+
+
+def test_group_advantages_options():
+    unbiased = A.group_advantages([1, 0, 0, 1], std="unbiased")     # TRL / verl: Bessel's n-1
+    assert unbiased.tolist() == pytest.approx([0.866024, -0.866024, -0.866024, 0.866024], abs=1e-5)
+    assert A.group_advantages([1, 0, 0, 1], std="none").tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5])
+    groups = torch.tensor([[1.0, 0, 0, 1], [1, 1, 1, 1], [0, 0, 0, 0]])
+    adv = A.group_advantages(groups)
+    assert adv[1:].abs().max() == 0.0                         # all-equal groups carry no signal
+    assert A.zero_std_groups(groups) == 2
+
+
+def test_broadcast_per_episode_and_per_turn():
+    turn_id = torch.tensor([[-1, 0, 0, -1, 1, -1], [-1, 0, -1, -1, -1, -1]])
+    per_episode = A.broadcast_to_tokens(torch.tensor([2.0, -1.0]), turn_id)
+    assert per_episode.tolist() == [[0, 2, 2, 0, 2, 0], [0, -1, 0, 0, 0, 0]]
+    per_turn = A.broadcast_to_tokens(torch.tensor([[0.5, 0.7], [0.3, 9.0]]), turn_id)
+    assert torch.allclose(per_turn, torch.tensor([[0, .5, .5, 0, .7, 0], [0, .3, 0, 0, 0, 0]]))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: A.discounted_returns([0, 1], gamma=1.5), "gamma"),
+    (lambda: A.gae([0, 1], [0, 0], 0.0, True, gamma=0.9, lam=-0.1), "lam"),
+    (lambda: A.gae([0, 1], [0, 0, 0], 0.0, True, 0.9, 0.9), "same length"),
+    (lambda: A.group_advantages([1, 0], std="bessel"), "std"),
+    (lambda: A.group_advantages([1.0]), "groups of at least 2"),
+    (lambda: A.discounted_returns("abc", 0.9), "rewards"),
+    (lambda: A.discounted_returns([0, float("nan")], 0.9), "NaN"),
+    (lambda: A.ppo_clip_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3)), "shapes"),
+    (lambda: A.ppo_clip_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2)), "mask"),
+    (lambda: A.kl_k3(torch.zeros(3), torch.zeros(4)), "shapes"),
+])
+def test_bad_input_raises_a_named_value_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# ------------------------------------------------------------------------------------------------
+# 04 · Objectives
+# ------------------------------------------------------------------------------------------------
+def test_ppo_clip_loss_hand_computed():
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0, 5.0]]))        # old_logprobs = 0, so r = these
+    adv = torch.tensor([[1.0, -1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])                   # the r=5 token is not an action
+    loss, stats = A.ppo_clip_loss(logp, torch.zeros(1, 4), adv, mask, clip_eps=0.2)
+    # per token: A=+1,r=1.5 -> -1.2 ; A=-1,r=0.5 -> +0.8 ; A=+1,r=1 -> -1 ; mean over 3 = -1.4/3
+    assert loss.item() == pytest.approx((-1.2 + 0.8 - 1.0) / 3, abs=1e-6)
+    assert stats["clip_frac"] == pytest.approx(2 / 3)
+    k3 = [(r - 1) - math.log(r) for r in (1.5, 0.5, 1.0)]
+    assert stats["approx_kl"] == pytest.approx(sum(k3) / 3, abs=1e-6)
+
+
+def test_ppo_clip_loss_gradient_matches_finite_differences():
+    torch.manual_seed(0)
+    logp = (torch.randn(2, 5, dtype=torch.float64) * 0.3).requires_grad_()
+    old, adv = torch.randn(2, 5, dtype=torch.float64) * 0.3, torch.randn(2, 5, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0, 1, 1], [0, 1, 1, 1, 0]], dtype=torch.float64)
+
+    def f(x):
+        r = (x - old).exp()
+        per = -torch.min(r * adv, r.clamp(0.8, 1.2) * adv)
+        return (per * mask).sum() / mask.sum()
+
+    loss, _ = A.ppo_clip_loss(logp.float(), old.float(), adv.float(), mask.float())
+    assert loss.item() == pytest.approx(f(logp).item(), abs=1e-5)
+    (grad,) = torch.autograd.grad(A.ppo_clip_loss(logp, old, adv, mask)[0], logp)
+    h, numeric = 1e-6, torch.zeros_like(logp)
+    for i in range(2):
+        for j in range(5):
+            e = torch.zeros_like(logp)
+            e[i, j] = h
+            numeric[i, j] = (f(logp.detach() + e) - f(logp.detach() - e)) / (2 * h)
+    assert torch.allclose(grad.double(), numeric, atol=1e-4)
+    assert grad[0, 2] == 0 and grad[1, 0] == 0                   # masked tokens get no gradient
+
+
+def test_kl_k3_values():
+    k = A.kl_k3(torch.tensor([-1.0, -1.5]), torch.tensor([-1.5, -1.0]))
+    assert k.tolist() == pytest.approx([0.106531, 0.148721], abs=1e-6)
+    assert A.kl_k3(torch.zeros(3), torch.zeros(3)).abs().max() == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# 05 · Training system: trajectory store, determinism
+# ------------------------------------------------------------------------------------------------
+def test_store_accepts_a_good_episode():
+    store = A.TrajectoryStore(max_staleness=1)
+    store.add(make_episode("ok", version=4), current_version=5)
+    assert [ep.episode_id for ep in store.take()] == ["ok"] and store.take() == []
+
+
+@pytest.mark.parametrize("mutate, current, match", [
+    (lambda ep: setattr(ep, "env_version", None), 0, "missing field 'env_version'"),
+    (lambda ep: setattr(ep, "episode_id", ""), 0, "missing field 'episode_id'"),
+    (lambda ep: setattr(ep, "turns", []), 0, "no turns"),
+    (lambda ep: setattr(ep.turns[0], "policy_version", 1), 1, "mixes policy versions"),
+    (lambda ep: None, 2, "versions old"),
+    (lambda ep: ep.turns[0].action_logprobs.pop(), 0, "log-probs for"),
+    (lambda ep: ep.turns[0].action_logprobs.__setitem__(0, float("nan")), 0, "non-finite"),
+    (lambda ep: setattr(ep.turns[0], "reward", float("inf")), 0, "non-finite"),
+])
+def test_store_refuses_bad_episodes(mutate, current, match):
+    ep = make_episode("bad")
+    mutate(ep)
+    with pytest.raises(ValueError, match=match):
+        A.TrajectoryStore(max_staleness=1).add(ep, current_version=current)
+
+
+def test_store_refuses_duplicate_episode_ids_even_after_take():
+    store = A.TrajectoryStore()
+    store.add(make_episode("dup"), current_version=0)
+    store.take()
+    with pytest.raises(ValueError, match="duplicate"):
+        store.add(make_episode("dup"), current_version=0)
+
+
+def first_iteration_metrics(seed):
+    cfg = tiny_config(seed=seed)
+    A.seed_everything(seed)
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
+    return A.train_iteration(policy, opt, None, TOK, cfg, A.TrajectoryStore(), 0, 0)
+
+
+def test_same_seed_same_first_iteration_metrics():
+    assert first_iteration_metrics(3) == first_iteration_metrics(3)
+    assert first_iteration_metrics(3) != first_iteration_metrics(4)
+
+
+def test_gae_algorithm_runs_an_update_with_a_value_loss():
+    cfg = tiny_config(algo="gae", gamma=0.95)
+    A.seed_everything(0)
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    before = policy.value_head.weight.detach().clone()
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    m = A.train_iteration(policy, opt, None, TOK, cfg, A.TrajectoryStore(), 0, 0)
+    assert m["zero_std_groups"] is None and math.isfinite(m["approx_kl"])
+    assert not torch.equal(before, policy.value_head.weight)       # the critic was trained
+
+
+def test_config_is_checked():
+    with pytest.raises(ValueError, match="group_size"):
+        A.validate_config(tiny_config(group_size=1))
+    with pytest.raises(ValueError, match="algo"):
+        A.validate_config(tiny_config(algo="ppo2"))
+    with pytest.raises(SystemExit):
+        A.main(["train", "--no-such-flag", "1"])
+    with pytest.raises(SystemExit):
+        A.main(["train", "--iterations", "many"])
+
+
+# ------------------------------------------------------------------------------------------------
+# 07 · Evaluation & promotion
+# ------------------------------------------------------------------------------------------------
+def test_promotion_gate():
+    inc = {"success": 0.6, "safety_denials": 0, "unauthorized_side_effects": 0}
+    assert A.promotion_decision({**inc, "success": 0.7}, inc)[0]
+    assert not A.promotion_decision({**inc, "success": 0.6}, inc)[0]                       # must beat
+    assert not A.promotion_decision({**inc, "success": 0.9, "safety_denials": 1}, inc)[0]  # new violation
+    assert not A.promotion_decision({**inc, "success": 0.9, "unauthorized_side_effects": 1}, inc)[0]
+
+
+def test_wilson_interval():
+    lo, hi = A.wilson_interval(50, 100)
+    assert lo == pytest.approx(0.4038, abs=1e-3) and hi == pytest.approx(0.5962, abs=1e-3)
+    assert A.wilson_interval(0, 10)[0] == 0.0 and A.wilson_interval(10, 10)[1] == 1.0
+
+
+def test_short_training_run_beats_the_untrained_policy_on_holdout(tmp_path):
+    """A few seconds of warm start + two GRPO iterations, with the real train() pipeline."""
+    cfg = A.Config(run_dir=str(tmp_path), device="cpu", warm_start_episodes=1000, sft_epochs=4, iterations=2,
+                   tasks_per_iter=4, group_size=4, eval_episodes=60, seed=0)
+    A.seed_everything(0)
+    untrained = A.evaluate(A.make_policy(cfg, len(TOK), "cpu"), TOK, cfg)
+    summary = A.train(cfg, progress=False)
+    assert summary["holdout_success_final"] > untrained["success"] + 0.2
+    assert summary["report_final"]["unauthorized_side_effects"] == 0
+    for name in ("incumbent.pt", "candidate.pt", "final.pt", "summary.json", "metrics.jsonl"):
+        assert (tmp_path / name).exists()
+    policy, tok, _, _ = A.load_checkpoint(tmp_path / "final.pt", "cpu")
+    assert A.evaluate(policy, tok, cfg)["success"] == pytest.approx(
+        summary["holdout_success_final"] if summary["promoted"] else summary["holdout_success_warm_start"])
