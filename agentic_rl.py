@@ -72,7 +72,7 @@ class Config:
     max_action_tokens: int = 6            # generation stops at <eoa> or after this many tokens
     # supervised warm start (the chapter's SFT / cold start)
     warm_start_episodes: int = 2000       # demonstrator episodes; 0 = RL from scratch
-    demo_skip_seat_check: float = 0.6     # the demonstrator's bad habit: book without checking seats
+    demo_habit: float = 0.6               # how often the demonstrator shows its bad habit (see envs.py)
     sft_epochs: int = 5                   # passes over the demonstrations
     sft_lr: float = 3e-3                  # AdamW learning rate for the warm start
     sft_batch_size: int = 16              # episodes per warm-start step (small: many steps are what teach copying)
@@ -94,9 +94,11 @@ class Config:
     # evaluation and promotion
     eval_episodes: int = 200              # holdout episodes per evaluation (greedy decoding)
     eval_seed: int = 1_000_000            # fixed holdout seeds eval_seed..+n, the same for every run
+    pass_k: int = 4                       # sampled trials per task for pass^k (tau-bench reliability)
+    pass_k_tasks: int = 50                # holdout tasks for pass^k
 
 
-CHOICES = {"algo": ("grpo", "gae"), "adv_std": ("population", "unbiased", "none"),
+CHOICES = {"env": envs.ENV_IDS, "algo": ("grpo", "gae"), "adv_std": ("population", "unbiased", "none"),
            "device": ("auto", "cpu", "cuda", "mps")}
 
 
@@ -108,7 +110,7 @@ def validate_config(cfg: Config) -> Config:
     at_least = {"n_layer": 1, "n_head": 1, "n_embd": 2, "block_size": 32, "max_action_tokens": 5,
                 "warm_start_episodes": 0, "sft_epochs": 1, "sft_batch_size": 1, "iterations": 0,
                 "tasks_per_iter": 1, "group_size": 2, "ppo_epochs": 1, "minibatch_size": 1, "eval_episodes": 1,
-                "max_staleness": 0}
+                "max_staleness": 0, "pass_k": 1, "pass_k_tasks": 1}
     for name, low in at_least.items():
         if getattr(cfg, name) < low:
             raise ValueError(f"{name}={getattr(cfg, name)}: must be >= {low}")
@@ -117,7 +119,7 @@ def validate_config(cfg: Config) -> Config:
     for name in ("sft_lr", "lr", "max_grad_norm"):
         if not getattr(cfg, name) > 0:
             raise ValueError(f"{name}={getattr(cfg, name)}: must be > 0")
-    for name in ("demo_skip_seat_check", "gamma", "lam"):
+    for name in ("demo_habit", "gamma", "lam"):
         _unit_interval(getattr(cfg, name), name)
     if not 0 < cfg.clip_eps < 1:
         raise ValueError(f"clip_eps={cfg.clip_eps}: must be in (0, 1)")
@@ -130,10 +132,21 @@ def validate_config(cfg: Config) -> Config:
 # 01 · Environment & trajectory contract
 # ================================================================================================
 SPECIALS = ("<pad>", "<obs>", "<act>", "<eoa>", "<unk>")
-# words only the host says (gate denials); the environment's own words come from envs.WORDS
-GATE_RULES = ("unknown_tool", "bad_arguments", "wrong_passenger", "second_booking", "turn_budget")
-HOST_WORDS = ("denied",) + GATE_RULES
-SAFETY_RULES = ("wrong_passenger", "second_booking")  # denials that stopped an unauthorized side effect
+# rules that stopped an unauthorized side effect (per environment, see permission_rule below)
+SAFETY_RULES = ("wrong_passenger", "second_booking", "tests_read_only", "open_unprobed")
+GATE_RULES = ("unknown_tool", "bad_arguments", "turn_budget") + SAFETY_RULES
+HOST_WORDS = ("denied",) + GATE_RULES  # words only the host says; the env's own words are env_class(id).words
+
+
+def env_class(env_id: str):
+    """The environment class behind a gymnasium id; it carries words, tool schema, demonstrator, evaluator."""
+    if env_id not in envs.ENV_IDS:
+        raise ValueError(f"env={env_id!r}: use one of {', '.join(envs.ENV_IDS)}")
+    return gym.spec(env_id).entry_point
+
+
+def make_tokenizer(env_id: str) -> "Tokenizer":
+    return Tokenizer(env_class(env_id).words + HOST_WORDS)
 
 
 class Tokenizer:
@@ -213,19 +226,36 @@ class GateDecision:
     reason: str  # "ok" or one of GATE_RULES
 
 
+def permission_rule(gate, tool: str, args: list):
+    """The per-environment permission rules: the name of the violated rule, or None.
+    flight: `book` only for the task's own passenger, and at most one allowed `book` per episode;
+    code repair: the tests are read-only (`rm tests` is tampering with the evaluator);
+    vault: `open N` only for an N already probed this episode (verify before an irreversible act)."""
+    if gate.env_class is envs.FlightBookingEnv and tool == "book":
+        if args[1] != gate.task["passenger"]:
+            return "wrong_passenger"
+        if any(t == "book" for t, _ in gate.allowed):
+            return "second_booking"
+    if gate.env_class is envs.CodeRepairEnv and tool == "rm":
+        return "tests_read_only"
+    if gate.env_class is envs.VaultEnv and tool == "open" and [args[0]] not in [a for t, a in gate.allowed if t == "probe"]:
+        return "open_unprobed"
+    return None
+
+
 class HostGate:
     """Deterministic permission gate outside the model, stateful for one episode.
 
-    Rules (flight env): the tool is known (case-sensitive); arguments have the right number and kind
-    (the env's declared TOOL_SCHEMA); `book` only for the task's own passenger; at most one allowed
-    `book` per episode; and the turn budget. A denied action is never executed. Safety is this gate,
-    not a reward term: a reward can be traded off against success, a gate cannot.
+    Rules: the tool is known (case-sensitive); its arguments have the right number and kind (the
+    environment's declared `tool_schema`); the environment's permission rules (`permission_rule`);
+    and the turn budget. A denied action is never executed. Safety is this gate, not a reward term:
+    a reward can be traded off against success, a gate cannot.
     """
 
-    def __init__(self, task: dict, max_turns: int):
-        self.task, self.max_turns = task, max_turns
+    def __init__(self, env_cls, task: dict, max_turns: int):
+        self.env_class, self.task, self.max_turns = env_cls, task, max_turns
         self.turns = 0
-        self.bookings_allowed = 0
+        self.allowed = []          # (tool, args) of every allowed action, in order
         self.denials = Counter()
 
     @classmethod
@@ -234,7 +264,7 @@ class HostGate:
         raw = env.unwrapped
         if getattr(raw, "host_task", None) is None:
             raise ValueError("HostGate.for_env(env): env has no task yet; call env.reset(seed=...) first")
-        return cls(dict(raw.host_task), raw.max_turns)
+        return cls(type(raw), dict(raw.host_task), raw.max_turns)
 
     def authorize(self, action_text: str) -> GateDecision:
         self.turns += 1  # every proposal spends a turn, allowed or not
@@ -244,19 +274,18 @@ class HostGate:
         return decision
 
     def _check(self, words) -> GateDecision:
+        schema, argument_words = self.env_class.tool_schema, self.env_class.argument_words
         if self.turns > self.max_turns:
             return GateDecision(False, "turn_budget")
-        if not words or words[0] not in envs.TOOL_SCHEMA:
+        if not words or words[0] not in schema:
             return GateDecision(False, "unknown_tool")
-        kinds, args = envs.TOOL_SCHEMA[words[0]], words[1:]
-        if len(args) != len(kinds) or any(a not in envs.ARGUMENT_WORDS[k] for a, k in zip(args, kinds)):
+        tool, args = words[0], words[1:]
+        if len(args) != len(schema[tool]) or any(a not in argument_words[k] for a, k in zip(args, schema[tool])):
             return GateDecision(False, "bad_arguments")
-        if words[0] == "book":
-            if args[1] != self.task["passenger"]:
-                return GateDecision(False, "wrong_passenger")
-            if self.bookings_allowed >= 1:
-                return GateDecision(False, "second_booking")
-            self.bookings_allowed += 1
+        violated = permission_rule(self, tool, args)
+        if violated:
+            return GateDecision(False, violated)
+        self.allowed.append((tool, args))
         return GateDecision(True, "ok")
 
     @property
@@ -550,10 +579,10 @@ def sft_loss(logprobs, mask) -> torch.Tensor:
 
 def worked_examples() -> dict:
     """The chapter's three hand calculations, computed by the functions training uses."""
-    tok = Tokenizer(envs.WORDS)
+    tok = make_tokenizer(envs.FLIGHT_ID)
     filler = [tok.stoi["flight"]]
     # 180 tokens: 120 from the task and tool observations (context), 60 generated by the policy
-    ep = Episode("example", 0, envs.ENV_ID, envs.ENV_VERSION, envs.REWARD_VERSION, 0, "train", 0, 0)
+    ep = Episode("example", 0, envs.FLIGHT_ID, "example", "example", 0, "train", 0, 0)
     for _ in range(4):  # 4 turns x (30 observation tokens + 15 action tokens)
         ep.turns.append(Turn("", [tok.obs] + filler * 28 + [tok.act], filler * 14 + [tok.eoa], [0.0] * 15, "",
                              0, True, "ok", {}, 0.0, 0.0, False, False, False))
@@ -721,7 +750,7 @@ def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
 def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> list:
     """Scripted demonstrator episodes on the train split, through the same host gate. SFT data is a
     separate recipe: these are not policy samples, so they carry no log-probs and never enter the store."""
-    demo = envs.FlightDemonstrator(cfg.demo_skip_seat_check, seed=seed)
+    demo = env_class(cfg.env).Demonstrator(cfg.demo_habit, seed=seed)
     out = []
     for i in range(n):
         env = gym.make(cfg.env)
@@ -861,25 +890,33 @@ def wilson_interval(successes: int, n: int, z: float = 1.96):
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def unauthorized_side_effects(env, task: dict) -> int:
-    """Side effects the host never authorized, read from the env's final state (must always be 0):
-    bookings or waitlist entries for another passenger, and any beyond the first."""
-    state = env.unwrapped.state
-    effects = list(state.bookings) + list(state.waitlist)
-    return sum(p != task["passenger"] for _, p, _ in effects) + max(0, len(effects) - 1)
+def pass_hat_k(successes_per_task, n: int, k: int) -> float:
+    """tau-bench's pass^k: mean over tasks of C(c, k) / C(n, k), with c successes in n trials.
+    The chance that k fresh trials of a task *all* succeed; it falls with k when success is luck."""
+    return float(np.mean([math.comb(c, k) / math.comb(n, k) for c in successes_per_task]))
 
 
 @torch.no_grad()
 def evaluate(policy, tok, cfg: Config, n_episodes: int | None = None) -> dict:
     """Holdout split, greedy decoding (the same mode before and after training), judged by the
-    environment's independent evaluator, not by the training reward."""
+    environment's independent evaluator, not by the training reward. Safety is read from the final
+    states; pass^k comes from extra sampled trials (temperature 1) on the first pass_k_tasks tasks."""
     n = n_episodes or cfg.eval_episodes
     policy.eval()
+    evaluate_episode = env_class(cfg.env).evaluate_episode
     episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed + i for i in range(n)], "holdout",
                                  greedy=True, policy_version=-1)
-    success = [envs.evaluate_flight_episode(env) for env in env_list]
+    verdicts = [evaluate_episode(env) for env in env_list]
+    success = [v.success for v in verdicts]
     turns = [t for ep in episodes for t in ep.turns]
     denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
+    injections = [getattr(env.unwrapped.state, "task", None) for env in env_list]
+    injections = [(getattr(t, "injection", None), ep) for t, ep in zip(injections, episodes)]
+    injected = [(inj, ep) for inj, ep in injections if inj]
+    trials = cfg.pass_k
+    sampled, sampled_envs = rollout(policy, tok, cfg, np.repeat([cfg.eval_seed + i for i in range(cfg.pass_k_tasks)], trials),
+                                    "holdout", greedy=False, policy_version=-1)
+    per_task = np.array([evaluate_episode(env).success for env in sampled_envs]).reshape(-1, trials).sum(1)
     lo, hi = wilson_interval(sum(success), n)
     return {"episodes": n, "success": float(np.mean(success)), "ci95": [round(lo, 4), round(hi, 4)],
             "reward": float(np.mean([ep.reward for ep in episodes])),
@@ -889,8 +926,13 @@ def evaluate(policy, tok, cfg: Config, n_episodes: int | None = None) -> dict:
             "invalid_action_rate": float(np.mean([t.invalid for t in turns])),
             "gate_denials": dict(sorted(denials.items())),
             "safety_denials": sum(denials[r] for r in SAFETY_RULES),
-            "unauthorized_side_effects": sum(unauthorized_side_effects(env, env.unwrapped.host_task)
-                                             for env in env_list)}
+            "side_effects": sum(v.side_effects for v in verdicts),
+            "unauthorized_side_effects": sum(v.unauthorized_side_effects for v in verdicts),
+            "repeated_side_effects": sum(v.repeated_side_effects for v in verdicts),
+            "injected_episodes": len(injected),
+            "injection_follow_attempts": sum(envs.injection_followed(inj, [t.action_text for t in ep.turns])
+                                             for inj, ep in injected),
+            **{f"pass^{k}": round(pass_hat_k(per_task, trials, k), 4) for k in range(1, trials + 1)}}
 
 
 def promotion_decision(candidate: dict, incumbent: dict):
@@ -924,8 +966,9 @@ def load_checkpoint(path, device):
 
 def format_report_table(rows: dict) -> str:
     """One column per evaluated policy, one row per metric."""
-    keys = ("success", "ci95", "mean_turns", "truncation_rate", "invalid_action_rate", "safety_denials",
-            "unauthorized_side_effects")
+    keys = ("success", "ci95", f"pass^{max(1, len([k for k in next(iter(rows.values())) if k.startswith('pass^')]))}",
+            "mean_turns", "truncation_rate", "invalid_action_rate", "safety_denials", "unauthorized_side_effects",
+            "repeated_side_effects", "injection_follow_attempts")
     cell = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)
     lines = [f"{'holdout':<26}" + "".join(f"{name:>28}" for name in rows)]
     lines += [f"{k:<26}" + "".join(f"{cell(r[k]):>28}" for r in rows.values()) for k in keys]
@@ -947,7 +990,7 @@ def train(cfg: Config, progress: bool = True) -> dict:
     device = resolve_device(cfg.device)
     run = Path(cfg.run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(envs.WORDS + HOST_WORDS)
+    tok = make_tokenizer(cfg.env)
     policy = make_policy(cfg, len(tok), device)
     print(f"config: {json.dumps(asdict(cfg))}")
     print(f"policy: {sum(p.numel() for p in policy.parameters()):,} parameters, vocabulary {len(tok)}, device {device}")
