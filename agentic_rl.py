@@ -59,7 +59,8 @@ import envs
 
 @dataclass
 class Config:
-    env: str = envs.ENV_ID                # gymnasium id of the task
+    env: str = envs.ENV_ID                # gymnasium id: FlightBooking-v0, CodeRepair-v0 or Vault-v0 (AgenticRL/...)
+    injection_rate: float = 0.2           # flight only: share of tasks whose search result carries an injected note
     algo: str = "grpo"                    # grpo (group-relative, no critic) | gae (PPO with a value head)
     seed: int = 0                         # drives python, numpy, torch and every training env.reset(seed=...)
     device: str = "auto"                  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
@@ -119,7 +120,7 @@ def validate_config(cfg: Config) -> Config:
     for name in ("sft_lr", "lr", "max_grad_norm"):
         if not getattr(cfg, name) > 0:
             raise ValueError(f"{name}={getattr(cfg, name)}: must be > 0")
-    for name in ("demo_habit", "gamma", "lam"):
+    for name in ("demo_habit", "gamma", "lam", "injection_rate"):
         _unit_interval(getattr(cfg, name), name)
     if not 0 < cfg.clip_eps < 1:
         raise ValueError(f"clip_eps={cfg.clip_eps}: must be in (0, 1)")
@@ -143,6 +144,11 @@ def env_class(env_id: str):
     if env_id not in envs.ENV_IDS:
         raise ValueError(f"env={env_id!r}: use one of {', '.join(envs.ENV_IDS)}")
     return gym.spec(env_id).entry_point
+
+
+def make_env(cfg: "Config"):
+    kwargs = {"injection_rate": cfg.injection_rate} if cfg.env == envs.FLIGHT_ID else {}
+    return gym.make(cfg.env, **kwargs)
 
 
 def make_tokenizer(env_id: str) -> "Tokenizer":
@@ -318,7 +324,7 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
     device = next(policy.parameters()).device
     B = len(seeds)
     group_ids = list(range(B)) if group_ids is None else group_ids
-    env_list = [gym.make(cfg.env) for _ in range(B)]
+    env_list = [make_env(cfg) for _ in range(B)]
     gates, episodes, pending, queues, seqs = [], [], [], [], []
     for i, (env, s) in enumerate(zip(env_list, seeds)):
         obs, info = env.reset(seed=int(s), options={"split": split})
@@ -753,7 +759,7 @@ def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> li
     demo = env_class(cfg.env).Demonstrator(cfg.demo_habit, seed=seed)
     out = []
     for i in range(n):
-        env = gym.make(cfg.env)
+        env = make_env(cfg)
         obs, info = env.reset(seed=seed + i, options={"split": "train"})
         gate, ep = HostGate.for_env(env), Episode(f"demo-{seed}-{i}", info["task_id"], cfg.env,
                                                   info["env_version"], info["reward_version"], seed + i,
@@ -1082,7 +1088,7 @@ def main(argv=None):
     add_config_flags(sub.add_parser("train", help="warm start + RL + evaluation + promotion"))
     p_eval = sub.add_parser("eval", help="evaluate a checkpoint on the holdout split")
     p_eval.add_argument("--ckpt", required=True, help="path to a .pt written by train")
-    add_config_flags(p_eval, only=("device", "eval_episodes", "eval_seed"))
+    add_config_flags(p_eval, only=("device", "eval_episodes", "eval_seed", "injection_rate", "pass_k", "pass_k_tasks"))
     args = parser.parse_args(argv)
     try:
         if args.command == "examples":
@@ -1090,7 +1096,8 @@ def main(argv=None):
         elif args.command == "eval":
             device = resolve_device(args.device)
             policy, tok, cfg, version = load_checkpoint(args.ckpt, device)
-            cfg.eval_episodes, cfg.eval_seed = args.eval_episodes, args.eval_seed
+            for name in ("eval_episodes", "eval_seed", "injection_rate", "pass_k", "pass_k_tasks"):
+                setattr(cfg, name, getattr(args, name))
             print(json.dumps({"ckpt": args.ckpt, "policy_version": version, **evaluate(policy, tok, cfg)}, indent=2))
         else:
             cfg = Config(**{f.name: getattr(args, f.name) for f in fields(Config)})

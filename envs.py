@@ -680,22 +680,23 @@ def evaluate_vault_episode(env) -> Verdict:
 
 class VaultDemonstrator:
     """Probe until a probe says `right`, then open that code. Bad habit: with probability `habit` per
-    episode it probes a random number inside the known range instead of the midpoint, so it often
-    runs out of turns."""
+    episode it probes lopsided pivots, the quarter point low + (high - low) // 4 instead of the
+    midpoint, so the codes 13..15 need too many probes for the 6-turn budget (80 % success alone).
+    (Random pivots, the obvious weakness, do not survive imitation: the most likely pivot of a
+    random-plus-midpoint mixture is the midpoint, so the greedy warm start would already be perfect.)"""
 
     def __init__(self, habit: float = 0.6, seed: int | None = None):
         self.habit, self.rng = habit, np.random.default_rng(seed)
 
     def reset(self, first_obs: str):
-        self.random_pivots = self.rng.random() < self.habit
+        self.lopsided = self.rng.random() < self.habit
 
     def act(self, obs: str) -> str:
         words = obs.split()
         if words[-1] == "right":                       # 9 is right
             return f"open {words[0]}"
         low, high = int(words[-3]), int(words[-1])     # ... code in LOW to HIGH
-        pivot = int(self.rng.integers(low, high + 1)) if self.random_pivots else (low + high) // 2
-        return f"probe {pivot}"
+        return f"probe {low + (high - low) // (4 if self.lopsided else 2)}"
 
 
 class VaultEnv(TextToolEnv):
@@ -723,10 +724,13 @@ class VaultEnv(TextToolEnv):
     Midpoint probing needs at most 4 probes and an open (5 of the 6 turns). leaky=True demonstrates
     that RL exploits whatever the environment leaks (status -> probe N -> open N, 3 turns, and the
     state verifier still pays 1): the fix belongs in the environment, not in the reward.
-    Split: codes divisible by 5 (5, 10, 15) are held out, so a holdout `open` always uses a number the
-    policy never opened in training.
+    Split: task ids divisible by 5 are held out. With only 15 codes this tests fresh episodes from the
+    same distribution, not unseen codes. We first held out the codes 5, 10 and 15 instead; the tiny
+    policy then never learned to *say* those numbers (`open 10` after `10 is right`): holdout success
+    went from 0.31 after the warm start to 0.00 after RL while training success reached 0.97
+    (`python agentic_rl.py train --env AgenticRL/Vault-v0`, seed 0, vault-1 split).
     """
-    env_version, reward_version = "vault-1", "vault-state-1"
+    env_version, reward_version = "vault-2", "vault-state-1"
     tool_schema = {"probe": ("code",), "open": ("code",), "status": (), "finish": ()}
     argument_words = {"code": CODES}
     tool_cost = {"probe": 0.5, "open": 1.0, "status": 0.1, "finish": 0.0}
@@ -745,7 +749,7 @@ class VaultEnv(TextToolEnv):
         return task_id, 1 + int(np.random.default_rng(task_id).integers(VAULT_MAX))
 
     def split_of(self, task):
-        return "holdout" if task[1] % 5 == 0 else "train"
+        return "holdout" if task[0] % 5 == 0 else "train"
 
     def new_state(self, task):
         return VaultState(*task)
