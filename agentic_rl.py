@@ -1040,6 +1040,10 @@ def train(cfg: Config, progress: bool = True) -> dict:
                "holdout_success_final": report_final["success"],
                "promoted": promoted, "promotion_reason": reason, "deployed_checkpoint": str(run / deployed),
                "first_iteration": history[0] if history else None,
+               "train_success_curve": [round(m["success"], 4) for m in history],
+               "zero_std_group_fraction": (round(sum(m["zero_std_groups"] for m in history) /
+                                                 (len(history) * cfg.tasks_per_iter), 4)
+                                           if history and cfg.algo == "grpo" else None),
                "report_warm_start": report_warm, "report_final": report_final, "config": asdict(cfg)}
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"wrote {run / 'summary.json'} ({summary['wall_seconds']} s)")
