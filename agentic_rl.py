@@ -2,10 +2,10 @@
 
 00 · Scope
 ----------
-A tiny GPT policy books flights in a multi-turn, partially observable text environment
-(`envs.py`, `AgenticRL/FlightBooking-v0`). Each turn it writes a tool call as tokens; a host gate
+A tiny GPT policy acts in multi-turn, partially observable text environments (`envs.py`: flight
+booking by default, code repair, a vault). Each turn it writes a tool call as tokens; a host gate
 *outside* the model validates and authorizes it; the environment executes it and answers with an
-observation; until the episode is `terminated` (booked / finished) or `truncated` (turn budget).
+observation; until the episode is `terminated` (an end state) or `truncated` (turn budget).
 Training then turns whole trajectories into token-level updates, following the course chapter
 (shared/seeds/000_*.txt, sections 00-07) section by section:
 
@@ -21,6 +21,8 @@ cover only model-generated tokens, terminated vs truncated kept apart (GAE boots
 truncation), GRPO and PPO/GAE credit, PPO clipping over several epochs, a supervised warm start from
 a scripted demonstrator with a bad habit, holdout evaluation by an independent evaluator, and a
 promotion gate with rollback.
+Adversarial cases are measured, not assumed: injected instructions in tool results, a reward hack
+(deleting the tests) that only a naive verifier pays for, a side channel, and fuzzed actions.
 Out, on purpose: asynchronous rollout workers (the store still enforces `max_staleness`), process
 rewards (06 · the chapter's paper cases), DPO / rejection sampling (named in 04, not trained here),
 pretrained language models (the vocabulary is closed, one word = one token).
@@ -29,6 +31,8 @@ Run:
     python agentic_rl.py                 # the demo: examples, warm start, GRPO, evaluation, promotion
     python agentic_rl.py examples        # the chapter's three worked examples, by the real functions
     python agentic_rl.py train --help    # every Config field is a flag
+    python agentic_rl.py train --env AgenticRL/CodeRepair-v0      # or AgenticRL/Vault-v0
+    python agentic_rl.py train --warm-start-episodes 0            # RL from scratch (the R1-Zero contrast)
     python agentic_rl.py eval --ckpt runs/demo/final.pt
     python -m pytest -q test_agentic_rl.py
 
@@ -534,7 +538,7 @@ def broadcast_to_tokens(advantages, turn_id):
     Copying one number onto every action token says which trajectory was better, not which step."""
     adv = advantages[:, None].expand(-1, max(1, int(turn_id.max()) + 1)) if advantages.dim() == 1 else advantages
     on_action = turn_id >= 0
-    return torch.where(on_action, adv.gather(1, turn_id.clamp(min=0)), torch.zeros(()))  # (B, T)
+    return torch.where(on_action, adv.gather(1, turn_id.clamp(min=0)), torch.zeros((), device=adv.device))  # (B, T)
 
 
 # ================================================================================================
@@ -791,7 +795,7 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
             logprobs, _ = token_logprobs(logits, batch["tokens"][idx])
             loss = sft_loss(logprobs, batch["action_mask"][idx])
             opt.zero_grad()
-            loss.backward()
+            loss.backward()  # no gradient clipping here: clipping at 1.0 measurably delayed learning to copy
             opt.step()
             losses.append(loss.item())
             bar.update(1)
@@ -801,25 +805,24 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
 
 def advantages_for(batch, episodes, policy, cfg: Config):
     """Token-level advantages (B, T), value targets, and the zero-signal group count."""
-    rewards = torch.tensor([ep.reward for ep in episodes])                   # (B,)
-    if cfg.algo == "grpo":
+    device = batch["tokens"].device
+    rewards = torch.tensor([ep.reward for ep in episodes], device=device)    # (B,)
+    if cfg.algo == "grpo":  # rollout keeps each task's G episodes next to each other
         grouped = rewards.view(-1, cfg.group_size)                           # (B/G, G)
         adv = group_advantages(grouped, std=cfg.adv_std).view(-1)            # (B,)
         return broadcast_to_tokens(adv, batch["turn_id"]), None, zero_std_groups(grouped)
     with torch.no_grad():
         _, values = policy(batch["tokens"])                                  # (B, T)
-    values = values.float().cpu()
-    K = batch["decision_pos"].shape[1]
+    values, decision_pos, last_pos = values.float().cpu(), batch["decision_pos"].cpu(), batch["last_pos"].cpu()
+    K = decision_pos.shape[1]
     adv, returns = torch.zeros(len(episodes), K), torch.zeros(len(episodes), K)
     for b, ep in enumerate(episodes):
         k = len(ep.turns)
-        v = values[b, batch["decision_pos"][b, :k]]                          # V(s_k) at each <act>, (k,)
-        a, ret = gae([t.reward for t in ep.turns], v, values[b, batch["last_pos"][b]],
-                     ep.terminated, cfg.gamma, cfg.lam)
+        v = values[b, decision_pos[b, :k]]                                   # V(s_k) at each <act>, (k,)
+        a, ret = gae([t.reward for t in ep.turns], v, values[b, last_pos[b]], ep.terminated, cfg.gamma, cfg.lam)
         adv[b, :k], returns[b, :k] = a, ret
     real = batch["turn_mask"].cpu().bool()
     adv = (adv - adv[real].mean()) / (adv[real].std() + 1e-8)                # batch-normalised, as CleanRL
-    device = batch["tokens"].device
     return broadcast_to_tokens(adv.to(device), batch["turn_id"]), returns.to(device), 0
 
 
@@ -972,9 +975,10 @@ def load_checkpoint(path, device):
 
 def format_report_table(rows: dict) -> str:
     """One column per evaluated policy, one row per metric."""
-    keys = ("success", "ci95", f"pass^{max(1, len([k for k in next(iter(rows.values())) if k.startswith('pass^')]))}",
-            "mean_turns", "truncation_rate", "invalid_action_rate", "safety_denials", "unauthorized_side_effects",
-            "repeated_side_effects", "injection_follow_attempts")
+    first = next(iter(rows.values()))
+    keys = ["success", "ci95"] + [k for k in first if k.startswith("pass^")][-1:] + [
+        "mean_turns", "truncation_rate", "invalid_action_rate", "safety_denials", "unauthorized_side_effects",
+        "repeated_side_effects", "injection_follow_attempts"]
     cell = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)
     lines = [f"{'holdout':<26}" + "".join(f"{name:>28}" for name in rows)]
     lines += [f"{k:<26}" + "".join(f"{cell(r[k]):>28}" for r in rows.values()) for k in keys]
