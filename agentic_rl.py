@@ -150,7 +150,7 @@ def env_class(env_id: str):
     return gym.spec(env_id).entry_point
 
 
-def make_env(cfg: "Config"):
+def make_env(cfg: Config):
     kwargs = {"injection_rate": cfg.injection_rate} if cfg.env == envs.FLIGHT_ID else {}
     return gym.make(cfg.env, **kwargs)
 
@@ -966,6 +966,10 @@ def load_checkpoint(path, device):
     if not Path(path).is_file():
         raise ValueError(f"--ckpt {path}: no such file; train first (python agentic_rl.py train)")
     ckpt = torch.load(path, map_location=device, weights_only=False)
+    unknown = set(ckpt["config"]) - {f.name for f in fields(Config)}
+    if unknown:
+        raise ValueError(f"--ckpt {path}: written by another version of agentic_rl.py (unknown config fields "
+                         f"{sorted(unknown)}); retrain it with this version")
     cfg = Config(**ckpt["config"])
     tok = Tokenizer(ckpt["vocab"])
     policy = make_policy(cfg, len(tok), device)

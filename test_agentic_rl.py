@@ -2,6 +2,7 @@
 
 Run: python -m pytest -q test_agentic_rl.py      (about a minute on 2 CPU cores)
 """
+import json
 import math
 from collections import Counter
 
@@ -441,7 +442,7 @@ def test_wilson_interval():
     assert A.wilson_interval(0, 10)[0] == 0.0 and A.wilson_interval(10, 10)[1] == 1.0
 
 
-def test_short_training_run_beats_the_untrained_policy_on_holdout(tmp_path):
+def test_short_training_run_beats_the_untrained_policy_on_holdout(tmp_path, capsys):
     """A few seconds of warm start + two GRPO iterations, with the real train() pipeline."""
     cfg = A.Config(run_dir=str(tmp_path), device="cpu", warm_start_episodes=1500, sft_epochs=6, iterations=2, pass_k_tasks=10,
                    tasks_per_iter=4, group_size=4, eval_episodes=60, seed=0)
@@ -453,8 +454,12 @@ def test_short_training_run_beats_the_untrained_policy_on_holdout(tmp_path):
     for name in ("incumbent.pt", "candidate.pt", "final.pt", "summary.json", "metrics.jsonl"):
         assert (tmp_path / name).exists()
     policy, tok, _, _ = A.load_checkpoint(tmp_path / "final.pt", "cpu")
-    assert A.evaluate(policy, tok, cfg)["success"] == pytest.approx(
-        summary["holdout_success_final"] if summary["promoted"] else summary["holdout_success_warm_start"])
+    deployed_success = summary["holdout_success_final"] if summary["promoted"] else summary["holdout_success_warm_start"]
+    assert A.evaluate(policy, tok, cfg)["success"] == pytest.approx(deployed_success)
+    capsys.readouterr()
+    A.main(["eval", "--ckpt", str(tmp_path / "final.pt"), "--eval-episodes", "60", "--pass-k-tasks", "10"])
+    report = json.loads(capsys.readouterr().out)                  # the eval CLI prints one JSON report
+    assert report["success"] == pytest.approx(deployed_success) and report["unauthorized_side_effects"] == 0
 
 
 # ------------------------------------------------------------------------------------------------
