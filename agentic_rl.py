@@ -608,8 +608,8 @@ def worked_examples() -> dict:
 def rotate(x, positions):
     """Rotary position embedding (RoPE): turn each (x1, x2) pair of q/k by angle pos * freq, so the
     score q.k depends on the distance between tokens. Copying "the word 6 tokens back" is then one
-    fixed pattern wherever the turn sits in the episode; learned absolute positions made our tiny
-    model learn it anew for every position (measured: warm starts failed to copy on some seeds)."""
+    fixed pattern wherever the turn sits in the episode, instead of one per absolute position (a
+    design choice for copy-heavy tool calls; its effect alone was not measured here)."""
     half = x.shape[-1] // 2
     freq = 10000.0 ** (-torch.arange(half, device=x.device) / half)          # (hd/2,)
     angle = positions[:, None].float() * freq[None]                          # (T, hd/2)
@@ -1100,7 +1100,8 @@ def main(argv=None):
     add_config_flags(sub.add_parser("train", help="warm start + RL + evaluation + promotion"))
     p_eval = sub.add_parser("eval", help="evaluate a checkpoint on the holdout split")
     p_eval.add_argument("--ckpt", required=True, help="path to a .pt written by train")
-    add_config_flags(p_eval, only=("device", "eval_episodes", "eval_seed", "injection_rate", "pass_k", "pass_k_tasks"))
+    eval_flags = ("eval_episodes", "eval_seed", "injection_rate", "pass_k", "pass_k_tasks")
+    add_config_flags(p_eval, only=("device",) + eval_flags)
     args = parser.parse_args(argv)
     try:
         if args.command == "examples":
@@ -1108,8 +1109,9 @@ def main(argv=None):
         elif args.command == "eval":
             device = resolve_device(args.device)
             policy, tok, cfg, version = load_checkpoint(args.ckpt, device)
-            for name in ("eval_episodes", "eval_seed", "injection_rate", "pass_k", "pass_k_tasks"):
+            for name in eval_flags:
                 setattr(cfg, name, getattr(args, name))
+            validate_config(cfg)
             print(json.dumps({"ckpt": args.ckpt, "policy_version": version, **evaluate(policy, tok, cfg)}, indent=2))
         else:
             cfg = Config(**{f.name: getattr(args, f.name) for f in fields(Config)})
