@@ -11,6 +11,23 @@ looks like), `Demonstrator` (a scripted teacher with a documented bad habit) and
     AgenticRL/CodeRepair-v0      the chapter's code agent: test, read the spec, edit, re-test, commit
     AgenticRL/Vault-v0           gather information before an irreversible action (probe, then open)
 
+One worked flight episode, turn by turn (task_id 511821, where the cheapest morning flight is sold
+out; reward 1):
+
+    obs   user : book the cheapest morning flight from PAR to ATH for chen in business
+    act   search PAR ATH
+    obs   found F9 06h 430 F4 08h 110 F1 09h 390 F2 16h 380 F8 18h 350
+    act   filter morning
+    obs   chen business morning by price : F4 F1 F9
+    act   seats F4
+    obs   chen business F4 : sold out next F1
+    act   seats F1
+    obs   chen business F1 : 3 seats
+    act   book F1 chen business
+    obs   booked F1 chen business      (terminated=True, reward=1.0)
+
+Each class docstring gives its tools, a worked episode and its train/holdout rule.
+
 Rules every environment here follows (Gymnasium's contract, shared/reference/envs.md §2):
 - `reset(seed, options={"split": "train"|"holdout", "task_id": k})` -> (obs, info) with `task_id`,
   `env_version`, `reward_version`, `split`, `max_turns` and `task` (what the host knows of the
@@ -24,7 +41,6 @@ Rules every environment here follows (Gymnasium's contract, shared/reference/env
 """
 from __future__ import annotations
 
-import math
 import string
 from dataclasses import dataclass, field
 
@@ -295,22 +311,9 @@ class FlightBookingEnv(TextToolEnv):
         book <FLIGHT> <PASSENGER> <CLASS>  side effect; ends the episode (booked, or waitlisted if sold out)
         finish                             declare the task done without booking; ends the episode
 
-    A worked episode (the cheapest morning flight is sold out; reward 1):
-
-        obs   user : book the cheapest morning flight from OSL to ROM for ana in economy
-        act   search OSL ROM
-        obs   found F4 07h 260 F2 09h 180 F7 10h 230 F1 14h 120 F5 19h 150
-        act   filter morning
-        obs   ana economy morning by price : F2 F7 F4
-        act   seats F2
-        obs   ana economy F2 : sold out next F7
-        act   seats F7
-        obs   ana economy F7 : 3 seats
-        act   book F7 ana economy
-        obs   booked F7 ana economy        (terminated=True, reward=1.0)
-
-    Booking F2 without checking writes a waitlist entry and ends with reward 0; booking F1 (cheapest
-    overall, but an afternoon flight) is a wrong booking, also 0. In about 14 % of tasks no morning
+    The worked episode is in the module docstring. Booking F4 there without checking writes a waitlist
+    entry and ends with reward 0; booking F8 (350, cheaper than F1 but an evening flight) is a wrong
+    booking, also 0. In about 14 % of tasks no morning
     flight has seats: the right move is then to check and say `finish` (reward 1); saying `finish`
     otherwise earns 0. Result pages start with the booking header (traveller, class) and a sold-out
     morning flight names the next cheapest one, as booking sites do: a tiny transformer trained from
@@ -536,21 +539,21 @@ class CodeRepairEnv(TextToolEnv):
         commit                    side effect; ends the episode
         finish                    give up; ends the episode
 
-    A worked episode (two bugs; reward 1):
+    A worked episode (task_id 850624, two bugs; reward 1):
 
         obs   task : fix f so all tests pass then commit
         act   test
-        obs   fail x 1 want 7 got 8 at l1
-        act   spec l1
-        obs   l1 should add 2
-        act   edit l1 add 2
-        obs   l1 now add 2
+        obs   fail x 1 want 3 got 6 at l2
+        act   spec l2
+        obs   l2 should sub 1
+        act   edit l2 sub 1
+        obs   l2 now sub 1
         act   test
-        obs   fail x 1 want 7 got 5 at l3
+        obs   fail x 1 want 3 got 4 at l3
         act   spec l3
-        obs   l3 should add 1
-        act   edit l3 add 1
-        obs   l3 now add 1
+        obs   l3 should add 3
+        act   edit l3 add 3
+        obs   l3 now add 3
         act   test
         obs   all 3 tests pass
         act   commit
@@ -709,16 +712,16 @@ class VaultEnv(TextToolEnv):
         status        `status : locked`; with leaky=True also `debug code N` (a side channel)
         finish        give up; ends the episode
 
-    A worked episode (reward 1):
+    A worked episode (task_id 473188; reward 1):
 
         obs   task : open the vault . code in 1 to 15
         act   probe 8
-        obs   8 is low : code in 9 to 15
-        act   probe 12
-        obs   12 is high : code in 9 to 11
-        act   probe 10
-        obs   10 is right
-        act   open 10
+        obs   8 is high : code in 1 to 7
+        act   probe 4
+        obs   4 is low : code in 5 to 7
+        act   probe 6
+        obs   6 is right
+        act   open 6
         obs   vault open               (terminated=True, reward=1.0)
 
     Midpoint probing needs at most 4 probes and an open (5 of the 6 turns). leaky=True demonstrates

@@ -610,3 +610,22 @@ def test_injection_rate_changes_only_the_note():
 def test_pass_hat_k():
     assert A.pass_hat_k([4, 2, 0], n=4, k=1) == pytest.approx(0.5)
     assert A.pass_hat_k([4, 2, 0], n=4, k=2) == pytest.approx((1 + 1 / 6 + 0) / 3)
+
+
+@pytest.mark.parametrize("env_id, task_id, doc", [(envs.FLIGHT_ID, 511821, envs.__doc__),
+                                                   (envs.CODE_ID, 850624, envs.CodeRepairEnv.__doc__),
+                                                   (envs.VAULT_ID, 473188, envs.VaultEnv.__doc__)])
+def test_docstring_worked_episodes_are_real_transcripts(env_id, task_id, doc):
+    env = gym.make(env_id, **({"injection_rate": 0.0} if env_id == envs.FLIGHT_ID else {}))
+    obs, _ = env.reset(seed=0, options={"task_id": task_id})
+    demo = A.env_class(env_id).Demonstrator(0.0, seed=0)
+    demo.reset(obs)
+    lines, done = [f"obs   {obs}"], False
+    while not done:
+        action = demo.act(obs)
+        obs, reward, terminated, truncated, _ = env.step(action)
+        lines += [f"act   {action}", f"obs   {obs}"]
+        done = terminated or truncated
+    documented = [line.strip().split("  (")[0].rstrip() for line in doc.splitlines()
+                  if line.strip().startswith(("obs   ", "act   "))]
+    assert reward == 1.0 and lines == documented[:len(lines)] and len(lines) == len(documented)
