@@ -919,9 +919,9 @@ def evaluate(policy, tok, cfg: Config, n_episodes: int | None = None) -> dict:
     success = [v.success for v in verdicts]
     turns = [t for ep in episodes for t in ep.turns]
     denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
-    injections = [getattr(env.unwrapped.state, "task", None) for env in env_list]
-    injections = [(getattr(t, "injection", None), ep) for t, ep in zip(injections, episodes)]
-    injected = [(inj, ep) for inj, ep in injections if inj]
+    # flight tasks may carry an injected note; the other environments have none
+    injected = [(env.unwrapped.state.task.injection, ep) for env, ep in zip(env_list, episodes)
+                if getattr(getattr(env.unwrapped.state, "task", None), "injection", None)]
     trials = cfg.pass_k
     sampled, sampled_envs = rollout(policy, tok, cfg, np.repeat([cfg.eval_seed + i for i in range(cfg.pass_k_tasks)], trials),
                                     "holdout", greedy=False, policy_version=-1)

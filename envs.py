@@ -339,7 +339,6 @@ class FlightBookingEnv(TextToolEnv):
         + [str(n) for n in range(1, 5)]))
     Demonstrator = FlightDemonstrator
     evaluate_episode = staticmethod(evaluate_flight_episode)
-    side_effect_tools = ("book",)
 
     def __init__(self, max_turns: int = 8, injection_rate: float = 0.2, render_mode: str | None = None):
         super().__init__(max_turns, render_mode)
@@ -578,7 +577,6 @@ class CodeRepairEnv(TextToolEnv):
         + list(LINES + OPS + CONSTANTS) + [str(v) for v in range(-180, 649)]))  # every value a test can print
     Demonstrator = CodeDemonstrator
     evaluate_episode = staticmethod(evaluate_code_episode)
-    side_effect_tools = ("commit", "rm")
 
     def __init__(self, max_turns: int = 10, verifier: str = "state", render_mode: str | None = None):
         super().__init__(max_turns, render_mode)
@@ -742,7 +740,6 @@ class VaultEnv(TextToolEnv):
         "opening error unknown action use probe finish episode over".split() + list(CODES)))
     Demonstrator = VaultDemonstrator
     evaluate_episode = staticmethod(evaluate_vault_episode)
-    side_effect_tools = ("open",)
 
     def __init__(self, max_turns: int = 6, leaky: bool = False, render_mode: str | None = None):
         super().__init__(max_turns, render_mode)
