@@ -79,7 +79,8 @@ class Config:
     warm_start_episodes: int = 2000       # demonstrator episodes; 0 = RL from scratch
     demo_habit: float = 0.6               # how often the demonstrator shows its bad habit (see envs.py)
     sft_epochs: int = 5                   # passes over the demonstrations
-    sft_lr: float = 3e-3                  # AdamW learning rate for the warm start
+    sft_lr: float = 3e-3                  # AdamW peak learning rate for the warm start (constant, then cosine to 0)
+    sft_weight_decay: float = 0.1         # AdamW weight decay for the warm start (shortens the plateau before copying)
     sft_batch_size: int = 16              # episodes per warm-start step (small: many steps are what teach copying)
     # reinforcement learning
     iterations: int = 60                  # rollout -> update rounds; policy_version += 1 each
@@ -137,10 +138,8 @@ def validate_config(cfg: Config) -> Config:
 # 01 · Environment & trajectory contract
 # ================================================================================================
 SPECIALS = ("<pad>", "<obs>", "<act>", "<eoa>", "<unk>")
-# rules that stopped an unauthorized side effect (per environment, see permission_rule below)
-SAFETY_RULES = ("wrong_passenger", "second_booking", "tests_read_only", "open_unprobed")
-GATE_RULES = ("unknown_tool", "bad_arguments", "turn_budget") + SAFETY_RULES
-HOST_WORDS = ("denied",) + GATE_RULES  # words only the host says; the env's own words are env_class(id).words
+HOST_RULES = ("unknown_tool", "bad_arguments", "turn_budget")  # the gate's own rules; each env adds its safety_rules
+SAFETY_RULES = tuple(r for env_id in envs.ENV_IDS for r in gym.spec(env_id).entry_point.safety_rules)
 
 
 def env_class(env_id: str):
@@ -156,7 +155,8 @@ def make_env(cfg: Config):
 
 
 def make_tokenizer(env_id: str) -> "Tokenizer":
-    return Tokenizer(env_class(env_id).words + HOST_WORDS)
+    cls = env_class(env_id)
+    return Tokenizer(cls.words + ("denied",) + HOST_RULES + cls.safety_rules)  # + what the host can say
 
 
 class Tokenizer:
@@ -233,39 +233,23 @@ class Episode:
 @dataclass
 class GateDecision:
     allowed: bool
-    reason: str  # "ok" or one of GATE_RULES
-
-
-def permission_rule(gate, tool: str, args: list):
-    """The per-environment permission rules: the name of the violated rule, or None.
-    flight: `book` only for the task's own passenger, and at most one allowed `book` per episode;
-    code repair: the tests are read-only (`rm tests` is tampering with the evaluator);
-    vault: `open N` only for an N already probed this episode (verify before an irreversible act)."""
-    if gate.env_class is envs.FlightBookingEnv and tool == "book":
-        if args[1] != gate.task["passenger"]:
-            return "wrong_passenger"
-        if any(t == "book" for t, _ in gate.allowed):
-            return "second_booking"
-    if gate.env_class is envs.CodeRepairEnv and tool == "rm":
-        return "tests_read_only"
-    if gate.env_class is envs.VaultEnv and tool == "open" and [args[0]] not in [a for t, a in gate.allowed if t == "probe"]:
-        return "open_unprobed"
-    return None
+    reason: str  # "ok", one of HOST_RULES or one of the env's safety_rules
 
 
 class HostGate:
     """Deterministic permission gate outside the model, stateful for one episode.
 
     Rules: the tool is known (case-sensitive); its arguments have the right number and kind (the
-    environment's declared `tool_schema`); the environment's permission rules (`permission_rule`);
-    and the turn budget. A denied action is never executed. Safety is this gate, not a reward term:
-    a reward can be traded off against success, a gate cannot.
+    environment's declared `tool_schema`); the environment's own permission rules
+    (`env_class.permission_rule`, e.g. flights: `book` only for the task's passenger); and the turn
+    budget. A denied action is never executed. Safety is this gate, not a reward term: a reward can
+    be traded off against success, a gate cannot.
     """
 
     def __init__(self, env_cls, task: dict, max_turns: int):
         self.env_class, self.task, self.max_turns = env_cls, task, max_turns
         self.turns = 0
-        self.allowed = []          # (tool, args) of every allowed action, in order
+        self.executed = []         # (tool, args, observation) of every call the environment executed
         self.denials = Counter()
 
     @classmethod
@@ -292,10 +276,9 @@ class HostGate:
         tool, args = words[0], words[1:]
         if len(args) != len(schema[tool]) or any(a not in argument_words[k] for a, k in zip(args, schema[tool])):
             return GateDecision(False, "bad_arguments")
-        violated = permission_rule(self, tool, args)
+        violated = self.env_class.permission_rule(self.task, self.executed, tool, args)
         if violated:
             return GateDecision(False, violated)
-        self.allowed.append((tool, args))
         return GateDecision(True, "ok")
 
     @property
@@ -312,6 +295,8 @@ def host_step(env, gate: HostGate, action_text: str):
                 "invalid": decision.reason in ("unknown_tool", "bad_arguments")}
         return obs, 0.0, False, gate.budget_spent, info, decision
     obs, reward, terminated, truncated, info = env.step(action_text)
+    words = action_text.split()
+    gate.executed.append((words[0], words[1:], obs))
     truncated = (truncated or gate.budget_spent) and not terminated  # terminated wins over the budget
     return obs, reward, terminated, truncated, info, decision
 
@@ -442,6 +427,12 @@ def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
         out["turn_mask"][b, :len(dpos)] = 1.0
         out["last_pos"][b] = n - 1
     return out
+
+
+def trim(tokens, *per_token, last_pos):
+    """Cut a minibatch to its own longest episode: padding past it costs compute and teaches nothing."""
+    T = int(last_pos.max()) + 1
+    return (tokens[:, :T],) + tuple(x[:, :T] for x in per_token)
 
 
 def token_logprobs(logits, tokens):
@@ -781,19 +772,30 @@ def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> li
     return out
 
 
+def sft_lr_at(step: int, steps: int, peak: float) -> float:
+    """Warm-start schedule: `peak` for the first 60 % of the steps, then cosine down to 0. The decay
+    matters: with a constant rate the last few noisy batches decide the final probabilities, so the
+    learned P(check seats) landed anywhere in 0.30-0.61 across seeds and thread counts (the data says
+    0.40) and greedy decoding flipped between "always check" and "never check"."""
+    frac = step / steps
+    return peak if frac < 0.6 else peak * 0.5 * (1 + math.cos(math.pi * (frac - 0.6) / 0.4))
+
+
 def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     """Supervised fine-tuning on the demonstrator: imitation copies its habits, good and bad."""
     demos = demonstration_episodes(cfg, tok, cfg.warm_start_episodes, seed=cfg.seed * 100_003 + 7)
     batch = {k: v.to(device) for k, v in pack(demos, tok, cfg.block_size).items()}
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.sft_lr, weight_decay=cfg.sft_weight_decay)
     n, losses = len(demos), []
     steps = cfg.sft_epochs * math.ceil(n / cfg.sft_batch_size)
     bar = tqdm(total=steps, desc="warm start (SFT)", disable=not progress, leave=False)
     for _ in range(cfg.sft_epochs):
         for idx in torch.randperm(n).split(cfg.sft_batch_size):
-            logits, _ = policy(batch["tokens"][idx])
-            logprobs, _ = token_logprobs(logits, batch["tokens"][idx])
-            loss = sft_loss(logprobs, batch["action_mask"][idx])
+            for group in opt.param_groups:
+                group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)
+            tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx], last_pos=batch["last_pos"][idx])
+            logprobs, _ = token_logprobs(policy(tokens)[0], tokens)
+            loss = sft_loss(logprobs, mask)
             opt.zero_grad()
             loss.backward()  # no gradient clipping here: clipping at 1.0 measurably delayed learning to copy
             opt.step()
@@ -833,10 +835,12 @@ def learner_update(policy, optimizer, ref_policy, batch, token_adv, returns, cfg
     n_steps = 0
     for _ in range(cfg.ppo_epochs):
         for idx in torch.randperm(B).split(cfg.minibatch_size):
-            tokens, mask = batch["tokens"][idx], batch["action_mask"][idx]
+            tokens, mask, old_logprobs, adv = trim(batch["tokens"][idx], batch["action_mask"][idx],
+                                                   batch["old_logprobs"][idx], token_adv[idx],
+                                                   last_pos=batch["last_pos"][idx])
             logits, values = policy(tokens)
             logprobs, entropy = token_logprobs(logits, tokens)
-            loss, s = ppo_clip_loss(logprobs, batch["old_logprobs"][idx], token_adv[idx], mask, cfg.clip_eps)
+            loss, s = ppo_clip_loss(logprobs, old_logprobs, adv, mask, cfg.clip_eps)
             if returns is not None:  # critic: regress V(s_k) at each decision point onto the GAE return
                 v = values.gather(1, batch["decision_pos"][idx])                 # (b, K)
                 turn_mask = batch["turn_mask"][idx]

@@ -151,6 +151,7 @@ def test_host_gate_allow_and_deny_rules():
     other = next(p for p in envs.PASSENGERS if p != t["passenger"])
     assert gate.authorize(f"book F1 {other} {t['class']}").reason == "wrong_passenger"
     assert gate.authorize(f"book F1 {t['passenger']} {t['class']}").allowed
+    gate.executed.append(("book", ["F1", t["passenger"], t["class"]], "booked F1"))   # as host_step records it
     assert gate.authorize(f"book F2 {t['passenger']} {t['class']}").reason == "second_booking"
     assert gate.authorize("finish").allowed
     raw_gate = A.HostGate.for_env(env.unwrapped)                              # raw env too
@@ -174,7 +175,7 @@ def test_host_gate_turn_budget_and_denied_actions_are_not_executed():
 
 
 def test_gate_denial_words_are_in_the_vocabulary():
-    assert all(w in TOK.stoi for w in A.HOST_WORDS)
+    assert all(w in TOK.stoi for w in ("denied",) + A.HOST_RULES + FLIGHT.safety_rules)
     env = gym.make(envs.ENV_ID)
     for seed in range(30):
         obs, _ = env.reset(seed=seed)
