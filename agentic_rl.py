@@ -45,6 +45,7 @@ import copy
 import json
 import math
 import random
+import shutil
 import sys
 import time
 from collections import Counter, deque
@@ -393,24 +394,23 @@ def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
     K = max(len(ep.turns) for ep in episodes)
     rows = []
     for ep in episodes:
-        toks, mask, lps, tid, dpos = [], [], [], [], []
-        for k, turn in enumerate(ep.turns):
+        toks, dpos = [], []
+        for turn in ep.turns:
             toks += turn.obs_tokens
-            mask += [0] * len(turn.obs_tokens)
-            lps += [0.0] * len(turn.obs_tokens)
-            tid += [-1] * len(turn.obs_tokens)
             dpos.append(len(toks) - 1)
             toks += turn.action_tokens
-            mask += [1] * len(turn.action_tokens)
-            lps += list(turn.action_logprobs) if turn.action_logprobs else [0.0] * len(turn.action_tokens)
-            tid += [k] * len(turn.action_tokens)
         room = block_size - len(toks)
         if room < 0:
             raise ValueError(f"episode {ep.episode_id} has {len(toks)} tokens > block_size={block_size}")
-        toks += ep.final_obs_tokens[:room]
-        n_final = len(ep.final_obs_tokens[:room])
-        mask, lps, tid = mask + [0] * n_final, lps + [0.0] * n_final, tid + [-1] * n_final
-        rows.append((toks, mask, lps, tid, dpos))
+        # BEGIN SOLUTION mask
+        mask, lps, tid = [], [], []
+        for k, turn in enumerate(ep.turns):  # context: mask 0, no log-prob; the policy's own tokens: mask 1
+            n_obs, n_act = len(turn.obs_tokens), len(turn.action_tokens)
+            mask += [0] * n_obs + [1] * n_act
+            lps += [0.0] * n_obs + (list(turn.action_logprobs) or [0.0] * n_act)  # demonstrations have none
+            tid += [-1] * n_obs + [k] * n_act
+        # END SOLUTION mask
+        rows.append((toks + ep.final_obs_tokens[:room], mask, lps, tid, dpos))
     T = max(len(r[0]) for r in rows)
     out = {"tokens": torch.full((B, T), tok.pad, dtype=torch.long),
            "action_mask": torch.zeros(B, T), "old_logprobs": torch.zeros(B, T),
@@ -418,11 +418,11 @@ def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
            "decision_pos": torch.zeros(B, K, dtype=torch.long), "turn_mask": torch.zeros(B, K),
            "last_pos": torch.zeros(B, dtype=torch.long)}
     for b, (toks, mask, lps, tid, dpos) in enumerate(rows):
-        n = len(toks)
+        n, m = len(toks), len(mask)                                 # the final observation and padding stay 0 / -1
         out["tokens"][b, :n] = torch.tensor(toks)
-        out["action_mask"][b, :n] = torch.tensor(mask, dtype=torch.float)
-        out["old_logprobs"][b, :n] = torch.tensor(lps)
-        out["turn_id"][b, :n] = torch.tensor(tid)
+        out["action_mask"][b, :m] = torch.tensor(mask, dtype=torch.float)
+        out["old_logprobs"][b, :m] = torch.tensor(lps, dtype=torch.float)
+        out["turn_id"][b, :m] = torch.tensor(tid, dtype=torch.long)
         out["decision_pos"][b, :len(dpos)] = torch.tensor(dpos)
         out["turn_mask"][b, :len(dpos)] = 1.0
         out["last_pos"][b] = n - 1
@@ -469,11 +469,13 @@ def discounted_returns(rewards, gamma) -> torch.Tensor:
     A time preference, not proof that the last step mattered most (chapter §03)."""
     _unit_interval(gamma, "gamma")
     r = _vector(rewards, "rewards")
+    # BEGIN SOLUTION returns
     out, running = torch.zeros_like(r), 0.0
     for k in reversed(range(len(r))):
         running = r[k] + gamma * running  # G_k = r_k + γ G_{k+1}
         out[k] = running
     return out
+    # END SOLUTION returns
 
 
 def gae(rewards, values, last_value, terminated, gamma, lam):
@@ -489,7 +491,9 @@ def gae(rewards, values, last_value, terminated, gamma, lam):
     r, v = _vector(rewards, "rewards"), _vector(values, "values")
     if r.shape != v.shape:
         raise ValueError(f"rewards {tuple(r.shape)} and values {tuple(v.shape)} must have the same length")
-    last = 0.0 if terminated else float(_vector([last_value], "last_value")[0])  # bootstrap only on truncation
+    last_value = float(_vector([last_value], "last_value")[0])
+    # BEGIN SOLUTION gae
+    last = 0.0 if terminated else last_value           # bootstrap V(s_K) only on truncation
     next_values = torch.cat([v[1:], torch.tensor([last])])
     adv, running = torch.zeros_like(r), 0.0
     for k in reversed(range(len(r))):
@@ -497,6 +501,7 @@ def gae(rewards, values, last_value, terminated, gamma, lam):
         running = delta + gamma * lam * running         # A_k = δ_k + γλ A_{k+1}
         adv[k] = running
     return adv, adv + v
+    # END SOLUTION gae
 
 
 def group_advantages(rewards, std="population", eps=1e-6) -> torch.Tensor:
@@ -504,18 +509,21 @@ def group_advantages(rewards, std="population", eps=1e-6) -> torch.Tensor:
 
     std="population" (default, the chapter's [1,0,0,1] -> [+1,-1,-1,+1]); "unbiased" = Bessel's
     n-1 as TRL and verl do (about ±0.866); "none" = Dr. GRPO (centre only). A group whose rewards are
-    all equal gets zero advantage: it carries no signal (count them with zero_std_groups).
+    all equal gets exactly zero advantage, e.g. [0.1] * 7: it carries no signal (zero_std_groups).
     """
     r = _vector(rewards, "rewards", ndim=None)
     if r.dim() == 0 or r.shape[-1] < 2:
         raise ValueError(f"rewards: need groups of at least 2 along the last dim, got shape {tuple(r.shape)}")
     if std not in ("population", "unbiased", "none"):
         raise ValueError(f"std={std!r}: use 'population', 'unbiased' or 'none'")
-    centred = r - r.mean(-1, keepdim=True)
+    # BEGIN SOLUTION grpo
+    all_equal = (r == r[..., :1]).all(-1, keepdim=True)
+    centred = torch.where(all_equal, 0.0, r - r.mean(-1, keepdim=True))  # exactly 0, whatever the rounding
     if std == "none":
         return centred
     scale = r.std(-1, keepdim=True, unbiased=(std == "unbiased"))
     return centred / (scale + eps)
+    # END SOLUTION grpo
 
 
 def zero_std_groups(rewards) -> int:
@@ -556,6 +564,7 @@ def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2):
     n = mask.sum()
     if n <= 0:
         raise ValueError("mask: selects no token; nothing to train on")
+    # BEGIN SOLUTION ppo_clip
     log_ratio = logprobs - old_logprobs
     ratio = log_ratio.exp()                                               # r_t
     per_token = -torch.min(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages)
@@ -564,13 +573,16 @@ def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2):
         clip_frac = (((ratio - 1).abs() > clip_eps).float() * mask).sum() / n
         approx_kl = (((ratio - 1) - log_ratio) * mask).sum() / n          # k3
     return loss, {"clip_frac": float(clip_frac), "approx_kl": float(approx_kl)}
+    # END SOLUTION ppo_clip
 
 
 def kl_k3(logprobs, ref_logprobs) -> torch.Tensor:
     """Per-token k3 estimate of KL(pi || pi_ref): exp(ref - logp) - (ref - logp) - 1 >= 0."""
     logprobs, ref_logprobs = _same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    # BEGIN SOLUTION kl_k3
     d = ref_logprobs - logprobs
     return d.exp() - d - 1
+    # END SOLUTION kl_k3
 
 
 def sft_loss(logprobs, mask) -> torch.Tensor:
@@ -691,6 +703,7 @@ class TrajectoryStore:
         self.episodes, self.seen_ids = [], set()
 
     def add(self, ep: Episode, current_version: int):
+        # BEGIN SOLUTION store_refusals
         for name in REQUIRED_FIELDS:
             if getattr(ep, name, None) in (None, ""):
                 raise ValueError(f"episode {getattr(ep, 'episode_id', '?')}: missing field '{name}'")
@@ -712,6 +725,7 @@ class TrajectoryStore:
             values = list(t.action_logprobs) + [t.reward, t.cost]
             if not all(math.isfinite(x) for x in values):
                 raise ValueError(f"episode {ep.episode_id} turn {k}: non-finite log-prob, reward or cost")
+        # END SOLUTION store_refusals
         self.seen_ids.add(ep.episode_id)
         self.episodes.append(ep)
 
@@ -950,6 +964,7 @@ def evaluate(policy, tok, cfg: Config, n_episodes: int | None = None) -> dict:
 
 def promotion_decision(candidate: dict, incumbent: dict):
     """Promote only if the candidate beats the incumbent on holdout with no new safety violations."""
+    # BEGIN SOLUTION promotion
     if candidate["unauthorized_side_effects"] > 0:
         return False, "candidate executed unauthorized side effects"
     if candidate["safety_denials"] > incumbent["safety_denials"]:
@@ -958,6 +973,7 @@ def promotion_decision(candidate: dict, incumbent: dict):
     if candidate["success"] <= incumbent["success"]:
         return False, f"holdout success {candidate['success']:.3f} does not beat {incumbent['success']:.3f}"
     return True, f"holdout success {incumbent['success']:.3f} -> {candidate['success']:.3f}, no new safety violations"
+    # END SOLUTION promotion
 
 
 def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
@@ -1072,6 +1088,153 @@ def print_examples():
 
 
 # ------------------------------------------------------------------------------------------------
+# Homework: the same files with the core pieces blanked, and a grader that names each piece
+# ------------------------------------------------------------------------------------------------
+EXERCISES = {  # id -> the stub's message: what to implement, the formula, where it is used
+    "mask": "in pack(), per turn: observation tokens get mask 0, old log-prob 0.0, turn_id -1; the policy's "
+            "action tokens get mask 1, their recorded log-prob (0.0 for demonstrations, which have none) and "
+            "turn_id k. Every loss is averaged over this mask.",
+    "returns": "G_k = r_k + gamma * G_{k+1}, with G_K = 0, computed backwards over the turns. Used by the "
+               "worked example and as the lam = 1 special case of gae.",
+    "gae": "delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), where V(s_K) = last_value if the episode was truncated "
+           "and 0 if it terminated; A_k = delta_k + gamma * lam * A_{k+1}; return (A, A + values). "
+           "Used by advantages_for when --algo gae.",
+    "grpo": "along the last dim, A_i = (r_i - mean) / (std + eps) with the population std, the unbiased (n-1) "
+            "std, or no division for std='none'; a group whose rewards are all equal gets exactly 0. "
+            "Used by advantages_for when --algo grpo.",
+    "ppo_clip": "r = exp(logprobs - old_logprobs); per token -min(r * A, clip(r, 1 - eps, 1 + eps) * A); the "
+                "loss is its mean over the mask; stats: clip_frac = share of masked tokens with |r - 1| > eps, "
+                "approx_kl = masked mean of (r - 1) - log r. Used by learner_update.",
+    "kl_k3": "with d = ref_logprobs - logprobs, per token k3 = exp(d) - d - 1 (>= 0; its mean under pi is "
+             "KL(pi || ref)). Used by learner_update when --kl-coef > 0.",
+    "store_refusals": "raise ValueError naming the episode and the problem for: a missing required field, no "
+                      "turns, a duplicate episode_id (also one handed out before), mixed policy versions, "
+                      "current_version - policy_version > max_staleness, a log-prob count that differs from the "
+                      "action-token count, a non-finite log-prob, reward or cost. Used before every update.",
+    "permission_rule": "in envs.py, VaultEnv.permission_rule: return 'open_unprobed' for `open N` unless "
+                       "`probe N` is among the executed calls of this episode, else None. Used by HostGate "
+                       "before the environment executes anything.",
+    "promotion": "return (False, reason) if the candidate executed an unauthorized side effect, has more "
+                 "safety denials than the incumbent, or does not strictly beat the incumbent's holdout "
+                 "success; else (True, reason). Used at the end of train().",
+}
+HANDOUT_FILES = ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "README.md", "requirements.txt", ".ci/run")
+
+
+def solution_regions(text: str, name: str = "file") -> dict:
+    """id -> (first, last) line index of each `# BEGIN SOLUTION id` ... `# END SOLUTION id` pair."""
+    regions, open_id = {}, None
+    for i, line in enumerate(text.splitlines()):
+        words = line.split()
+        if words[1:3] not in (["BEGIN", "SOLUTION"], ["END", "SOLUTION"]) or words[0] != "#":
+            continue
+        ex = words[3] if len(words) == 4 else None
+        if ex not in EXERCISES:
+            raise ValueError(f"{name}:{i + 1}: marker needs one known exercise id ({', '.join(EXERCISES)})")
+        if words[1] == "BEGIN":
+            if open_id or ex in regions:
+                raise ValueError(f"{name}:{i + 1}: '{ex}' is nested in '{open_id}' or appears twice")
+            open_id, regions[ex] = ex, (i, None)
+        elif open_id != ex:
+            raise ValueError(f"{name}:{i + 1}: END SOLUTION {ex} without its BEGIN")
+        else:
+            open_id, regions[ex] = None, (regions[ex][0], i)
+    if open_id:
+        raise ValueError(f"{name}: BEGIN SOLUTION {open_id} is never closed")
+    return regions
+
+
+def blank_solutions(text: str, only=None, name: str = "file") -> tuple:
+    """Replace each solution region by a stub that raises, at the marker's indentation; the rest of
+    the file (signatures, docstrings, validation) stays byte-identical. Returns (text, blanked ids)."""
+    lines, regions = text.splitlines(keepends=True), solution_regions(text, name)
+    blanked = [ex for ex in regions if only is None or ex in only]
+    for ex in sorted(blanked, key=lambda e: -regions[e][0]):      # bottom up, so indices stay valid
+        first, last = regions[ex]
+        indent = lines[first][:len(lines[first]) - len(lines[first].lstrip())]
+        stub = [f"{indent}# TODO({ex}): replace this raise with your implementation\n",
+                f"{indent}raise NotImplementedError({f'{ex}: {EXERCISES[ex]}'!r})\n"]
+        lines[first:last + 1] = stub
+    return "".join(lines), blanked
+
+
+def write_handout(out, only=None) -> list:
+    """`homework --out DIR`: copy the project with the solution regions blanked; never in place."""
+    src, out = Path(__file__).resolve().parent, Path(out).resolve()
+    if out == src or src in out.parents:
+        raise ValueError(f"--out {out}: must be outside this repository (the reference is never overwritten)")
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"--out {out}: is not empty; choose a new directory")
+    unknown = set(only or ()) - set(EXERCISES)
+    if unknown:
+        raise ValueError(f"--only {sorted(unknown)}: unknown exercise; use {', '.join(EXERCISES)}")
+    blanked, texts = [], {}
+    for name in HANDOUT_FILES:
+        texts[name] = (src / name).read_text()
+        if name.endswith(".py"):
+            texts[name], ids = blank_solutions(texts[name], only, name)
+            blanked += ids
+    if not blanked:
+        raise ValueError(f"{src}: no solution regions found (is this already a handout?)")
+    for name, text in texts.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+        shutil.copymode(src / name, out / name)
+    return blanked
+
+
+def grade(directory=".", only=None) -> dict:
+    """Run the homework tests in `directory` (in a fresh interpreter, so the student's files are the
+    ones imported) and return {exercise: {"passed", "total", "status", "first_failure"}}. Status:
+    ok, not started (NotImplementedError), wrong (an assertion failed) or crashes (another error)."""
+    import subprocess
+    import tempfile
+    import xml.etree.ElementTree as ET
+    directory = Path(directory).resolve()
+    for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py"):
+        try:
+            compile((directory / name).read_text(), name, "exec")
+        except (OSError, SyntaxError) as e:
+            raise ValueError(f"{directory / name} cannot be graded: {e}") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "report.xml"
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "homework", "-p", "no:cacheprovider",
+                        f"--junitxml={xml}", "test_agentic_rl.py"], cwd=directory, capture_output=True)
+        if not xml.exists():
+            raise ValueError(f"{directory}: pytest wrote no report; run python -m pytest -m homework there")
+        cases = ET.parse(xml).getroot().iter("testcase")
+        report = {ex: {"passed": 0, "total": 0, "status": "ok", "first_failure": ""} for ex in (only or EXERCISES)}
+        rank = {"ok": 0, "wrong": 1, "crashes": 2, "not started": 3}
+        for case in cases:
+            name = case.get("name")
+            ex = next((e for e in sorted(EXERCISES, key=len, reverse=True) if name.startswith(f"test_hw_{e}_")), None)
+            if ex not in report:
+                continue
+            row, problem = report[ex], case.find("failure") if case.find("failure") is not None else case.find("error")
+            row["total"] += 1
+            if problem is None:
+                row["passed"] += 1
+                continue
+            message = problem.get("message") or ""
+            status = ("not started" if "NotImplementedError" in message else
+                      "wrong" if problem.tag == "failure" and message.startswith("AssertionError") else "crashes")
+            if rank[status] > rank[row["status"]]:
+                row["status"] = status
+            row["first_failure"] = row["first_failure"] or f"{name}: {message.splitlines()[0][:110] if message else ''}"
+    return report
+
+
+def print_grade(report: dict) -> bool:
+    print(f"{'exercise':<16}{'checks':>8}  status       first failing check")
+    for ex, row in report.items():
+        status = row["status"] if row["total"] else "no tests"
+        print(f"{ex:<16}{row['passed']:>4}/{row['total']:<3}  {status:<12} {row['first_failure']}")
+    done = all(r["status"] == "ok" and r["total"] for r in report.values())
+    print("all local checks passed" if done else "some exercises are not done yet")
+    return done
+
+
+# ------------------------------------------------------------------------------------------------
 # CLI: argparse derived from Config; unknown or ill-typed flags are errors
 # ------------------------------------------------------------------------------------------------
 def add_config_flags(parser, only=None):
@@ -1094,7 +1257,7 @@ def _field_comments() -> dict:
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("demo", "examples", "train", "eval")
+    commands = ("demo", "examples", "train", "eval", "homework", "grade")
     if not argv or argv[0] not in commands + ("-h", "--help"):
         argv = ["demo"] + argv
     parser = argparse.ArgumentParser(description="Agentic RL in one file: see the module docstring.")
@@ -1106,25 +1269,42 @@ def main(argv=None):
     p_eval.add_argument("--ckpt", required=True, help="path to a .pt written by train")
     eval_flags = ("eval_episodes", "eval_seed", "injection_rate", "pass_k", "pass_k_tasks")
     add_config_flags(p_eval, only=("device",) + eval_flags)
+    p_hw = sub.add_parser("homework", help="write a student handout with the core pieces blanked")
+    p_hw.add_argument("--out", required=True, help="a new directory outside this repository")
+    p_hw.add_argument("--only", default=None, help=f"comma-separated exercise ids (default all: {', '.join(EXERCISES)})")
+    p_grade = sub.add_parser("grade", help="run a handout's homework tests and report each exercise")
+    p_grade.add_argument("dir", nargs="?", default=".", help="the handout directory (default: here)")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "examples":
-            print_examples()
-        elif args.command == "eval":
+    try:  # bad flags and bad files are usage errors (exit 2) ...
+        only = args.only.split(",") if getattr(args, "only", None) else None
+        if args.command == "eval":
             device = resolve_device(args.device)
             policy, tok, cfg, version = load_checkpoint(args.ckpt, device)
             for name in eval_flags:
                 setattr(cfg, name, getattr(args, name))
             validate_config(cfg)
+        elif args.command in ("demo", "train"):
+            cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config)}))
+    except ValueError as e:
+        parser.error(str(e))
+    try:  # ... while a failure during the run is reported as what it is (exit 1)
+        if args.command == "examples":
+            print_examples()
+        elif args.command == "eval":
             print(json.dumps({"ckpt": args.ckpt, "policy_version": version, **evaluate(policy, tok, cfg)}, indent=2))
+        elif args.command == "homework":
+            blanked = write_handout(args.out, only)
+            print(f"wrote a handout to {args.out} with {len(blanked)} blanked exercises: {', '.join(blanked)}\n"
+                  f"students: grep -n 'TODO(' *.py; grade with: python agentic_rl.py grade {args.out}")
+        elif args.command == "grade":
+            sys.exit(0 if print_grade(grade(args.dir)) else 1)
         else:
-            cfg = Config(**{f.name: getattr(args, f.name) for f in fields(Config)})
             if args.command == "demo":
                 print_examples()
                 print()
             train(cfg)
     except ValueError as e:
-        parser.error(str(e))
+        sys.exit(f"agentic_rl.py {args.command}: error: {e}")
 
 
 if __name__ == "__main__":

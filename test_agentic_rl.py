@@ -4,7 +4,11 @@ Run: python -m pytest -q test_agentic_rl.py      (about a minute on 2 CPU cores)
 """
 import json
 import math
+import subprocess
+import sys
+import warnings
 from collections import Counter
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -14,6 +18,13 @@ from gymnasium.utils.env_checker import check_env
 
 import agentic_rl as A
 import envs
+
+# Homework tests carry @hw("<exercise id>"): `python -m pytest -q -m homework` grades only them, and
+# `python agentic_rl.py grade` reports them per exercise. Each checks hand-computed numbers and
+# properties of one blanked piece and calls no other blanked piece. (No config file at the top level,
+# so the marker is declared here rather than registered.)
+warnings.filterwarnings("ignore", category=pytest.PytestUnknownMarkWarning)
+hw = pytest.mark.homework
 
 TOK = A.make_tokenizer(envs.FLIGHT_ID)
 FLIGHT = envs.FlightBookingEnv
@@ -216,7 +227,8 @@ def test_worked_examples_exactly():
     assert ex["grpo_advantages"] == pytest.approx([1, -1, -1, 1], abs=1e-4)
 
 
-def test_golden_mask_on_a_hand_built_two_turn_episode():
+@hw("mask")
+def test_hw_mask_golden_two_turn_episode():
     o, a, e, pad = TOK.obs, TOK.act, TOK.eoa, TOK.pad
     ep = make_episode(turns=[make_turn([o, 10, 11, a], [20, 21, e], [-0.1, -0.2, -0.3]),
                              make_turn([o, 12, a], [22, e], [-0.4, -0.5], reward=1.0, terminated=True)])
@@ -231,6 +243,40 @@ def test_golden_mask_on_a_hand_built_two_turn_episode():
     assert b["tokens"][1].tolist() == [o, 10, a, 23, e] + [pad] * 10           # right padding, mask 0
     assert b["action_mask"][1].tolist() == [0, 0, 0, 1, 1] + [0] * 10
     assert b["turn_mask"].tolist() == [[1, 1], [1, 0]]
+
+
+@hw("mask")
+def test_hw_mask_invariants_on_random_episodes():
+    rng = np.random.default_rng(0)
+    episodes = []
+    for e in range(6):
+        turns = [make_turn([TOK.obs] + rng.integers(5, 40, size=rng.integers(1, 6)).tolist() + [TOK.act],
+                           rng.integers(5, 40, size=rng.integers(1, 5)).tolist() + [TOK.eoa],
+                           (-rng.random(5)).round(3).tolist()) for _ in range(rng.integers(1, 4))]
+        for t in turns:
+            t.action_logprobs = t.action_logprobs[:len(t.action_tokens)]
+        episodes.append(make_episode(f"r{e}", turns=turns))
+        episodes[-1].final_obs_tokens = [TOK.obs, 9, TOK.act]
+    b = A.pack(episodes, TOK, block_size=64)
+    for row, ep in enumerate(episodes):
+        mask, tokens = b["action_mask"][row].bool(), b["tokens"][row]
+        actions = [x for t in ep.turns for x in t.action_tokens]
+        assert int(mask.sum()) == len(actions), "one mask entry per generated token (<eoa> included)"
+        assert tokens[mask].tolist() == actions, "mask must select exactly the policy's own tokens, in order"
+        assert b["old_logprobs"][row][mask].tolist() == pytest.approx([x for t in ep.turns for x in t.action_logprobs])
+        assert b["old_logprobs"][row][~mask].abs().sum() == 0, "old_logprobs must be 0 off the mask"
+        assert torch.equal(b["turn_id"][row] >= 0, mask), "turn_id >= 0 exactly on action tokens"
+        turn_of_token = [k for k, t in enumerate(ep.turns) for _ in t.action_tokens]
+        assert b["turn_id"][row][mask].tolist() == turn_of_token
+        assert not mask[int(b["last_pos"][row]) - 2:].any(), "the final observation is context (mask 0)"
+
+
+@hw("mask")
+def test_hw_mask_demonstrations_have_no_logprobs_but_are_still_actions():
+    ep = make_episode(turns=[make_turn([TOK.obs, 10, TOK.act], [20, TOK.eoa], logprobs=[], terminated=True)])
+    b = A.pack([ep], TOK, block_size=16)
+    assert b["action_mask"][0].tolist() == [0, 0, 0, 1, 1]
+    assert b["old_logprobs"][0].tolist() == [0, 0, 0, 0, 0]
 
 
 def test_sampled_logprobs_match_a_full_forward_recompute():
@@ -249,42 +295,94 @@ def test_sampled_logprobs_match_a_full_forward_recompute():
 # ------------------------------------------------------------------------------------------------
 # 03 · Credit assignment
 # ------------------------------------------------------------------------------------------------
-def brute_force_gae(rewards, values, last_value, terminated, gamma, lam):
-    """A_k = sum_l (gamma*lam)^l * delta_{k+l}, written out as a double sum."""
-    K = len(rewards)
-    nxt = list(values[1:]) + [0.0 if terminated else last_value]
-    deltas = [rewards[k] + gamma * nxt[k] - values[k] for k in range(K)]
-    return [sum((gamma * lam) ** l * deltas[k + l] for l in range(K - k)) for k in range(K)]
+@hw("returns")
+def test_hw_returns_chapter_example():
+    assert A.discounted_returns([0, 0, 0, 1], gamma=0.9).tolist() == pytest.approx([0.729, 0.81, 0.9, 1.0], abs=1e-6)
 
 
-@pytest.mark.parametrize("terminated", [True, False])
-def test_gae_matches_brute_force(terminated):
-    rewards, values = [0.0, 0.5, 0.0, 1.0], [0.3, 0.2, 0.6, 0.4]
-    adv, ret = A.gae(rewards, values, last_value=0.8, terminated=terminated, gamma=0.9, lam=0.8)
-    want = brute_force_gae(rewards, values, 0.8, terminated, 0.9, 0.8)
-    assert adv.tolist() == pytest.approx(want, abs=1e-6)
-    assert ret.tolist() == pytest.approx([a + v for a, v in zip(want, values)], abs=1e-6)
+@hw("returns")
+def test_hw_returns_hand_cases():
+    assert A.discounted_returns([1, 1, 1], gamma=0.5).tolist() == pytest.approx([1.75, 1.5, 1.0])
+    assert A.discounted_returns([1, 2, 3], gamma=1.0).tolist() == pytest.approx([6, 5, 3]), "gamma 1: suffix sums"
+    assert A.discounted_returns([0.3, 0.1, 0.5], gamma=0.0).tolist() == pytest.approx([0.3, 0.1, 0.5]), "gamma 0: rewards"
 
 
-def test_gae_bootstraps_only_on_truncation():
-    term, _ = A.gae([0.0], [0.5], last_value=1.0, terminated=True, gamma=1.0, lam=1.0)
-    trunc, _ = A.gae([0.0], [0.5], last_value=1.0, terminated=False, gamma=1.0, lam=1.0)
-    assert term.item() == pytest.approx(-0.5) and trunc.item() == pytest.approx(0.5)
+@hw("returns")
+def test_hw_returns_satisfy_the_recursion():
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        r, gamma = rng.normal(size=rng.integers(1, 9)), float(rng.random())
+        g = A.discounted_returns(r.tolist(), gamma).double()
+        assert g[-1].item() == pytest.approx(r[-1], abs=1e-5), "the last return is the last reward"
+        assert (g[:-1] - gamma * g[1:]).tolist() == pytest.approx(r[:-1].tolist(), abs=1e-5), "G_k - gamma*G_k+1 = r_k"
 
 
-def test_gae_with_lambda_one_and_zero_values_is_the_discounted_return():
-    adv, _ = A.gae([0, 0, 0, 1], [0, 0, 0, 0], 0.0, True, 0.9, 1.0)
-    assert adv.tolist() == pytest.approx(A.discounted_returns([0, 0, 0, 1], 0.9).tolist())
+@hw("gae")
+def test_hw_gae_hand_cases():
+    cases = [((1.0, 1.0, True), [0.5, 0.5]), ((1.0, 1.0, False), [1.5, 1.5]), ((1.0, 0.0, True), [0.0, 0.5]),
+             ((0.5, 0.5, True), [-0.125, 0.5])]
+    for (gamma, lam, terminated), want in cases:
+        adv, ret = A.gae([0.0, 1.0], [0.5, 0.5], last_value=1.0, terminated=terminated, gamma=gamma, lam=lam)
+        assert adv.tolist() == pytest.approx(want), f"gamma={gamma} lam={lam} terminated={terminated}"
+        assert ret.tolist() == pytest.approx([a + 0.5 for a in want]), "returns = advantages + values"
 
 
-def test_group_advantages_options():
+@hw("gae")
+@pytest.mark.parametrize("terminated, want", [(True, [0.584333, 0.97824, 0.192, 0.6]),
+                                              (False, [0.853071, 1.351488, 0.7104, 1.32])])
+def test_hw_gae_four_turn_golden(terminated, want):
+    adv, _ = A.gae([0.0, 0.5, 0.0, 1.0], [0.3, 0.2, 0.6, 0.4], last_value=0.8, terminated=terminated, gamma=0.9, lam=0.8)
+    assert adv.tolist() == pytest.approx(want, abs=1e-5)
+
+
+@hw("gae")
+def test_hw_gae_last_value_matters_only_when_truncated():
+    term = [A.gae([0.0], [0.5], last_value=v, terminated=True, gamma=1.0, lam=1.0)[0].item() for v in (0.0, 1.0)]
+    trunc = [A.gae([0.0], [0.5], last_value=v, terminated=False, gamma=1.0, lam=1.0)[0].item() for v in (0.0, 1.0)]
+    assert term == pytest.approx([-0.5, -0.5]), "after termination there is no future value to bootstrap"
+    assert trunc == pytest.approx([-0.5, 0.5]), "after truncation the future still had value V(s_K)"
+
+
+@hw("gae")
+def test_hw_gae_properties():
+    adv, _ = A.gae([0, 0, 0, 1], [0, 0, 0, 0], 0.0, True, gamma=0.9, lam=1.0)
+    assert adv.tolist() == pytest.approx([0.729, 0.81, 0.9, 1.0], abs=1e-6), "lam 1, values 0: the discounted return"
+    rng = np.random.default_rng(2)
+    r, v = rng.normal(size=5).tolist(), rng.normal(size=5)
+    base, _ = A.gae(r, v.tolist(), 0.0, True, gamma=1.0, lam=1.0)
+    shifted, _ = A.gae(r, (v + 0.7).tolist(), 0.0, True, gamma=1.0, lam=1.0)
+    assert (base - shifted).tolist() == pytest.approx([0.7] * 5, abs=1e-5), "gamma=lam=1: +c on every value is -c on A"
+
+
+@hw("grpo")
+def test_hw_grpo_chapter_example_and_std_options():
+    assert A.group_advantages([1, 0, 0, 1]).tolist() == pytest.approx([1, -1, -1, 1], abs=1e-4)
     unbiased = A.group_advantages([1, 0, 0, 1], std="unbiased")     # TRL / verl: Bessel's n-1
-    assert unbiased.tolist() == pytest.approx([0.866024, -0.866024, -0.866024, 0.866024], abs=1e-5)
+    assert unbiased.tolist() == pytest.approx([0.866025, -0.866025, -0.866025, 0.866025], abs=1e-5)
     assert A.group_advantages([1, 0, 0, 1], std="none").tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5])
-    groups = torch.tensor([[1.0, 0, 0, 1], [1, 1, 1, 1], [0, 0, 0, 0]])
-    adv = A.group_advantages(groups)
-    assert adv[1:].abs().max() == 0.0                         # all-equal groups carry no signal
-    assert A.zero_std_groups(groups) == 2
+    assert A.group_advantages([1, 0, 0, 0], std="unbiased").tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
+    assert A.group_advantages([1, 0, 0, 0]).tolist() == pytest.approx([1.732051, -0.57735, -0.57735, -0.57735], abs=1e-5)
+
+
+@hw("grpo")
+@pytest.mark.parametrize("std", ["population", "unbiased", "none"])
+def test_hw_grpo_all_equal_groups_are_exactly_zero(std):
+    for rewards in ([0.1] * 7, [1000.1] * 3, [0.0, 0.0], [1.0] * 8):
+        adv = A.group_advantages(rewards, std=std)
+        assert adv.tolist() == [0.0] * len(rewards), f"{rewards}: all-equal rewards carry no signal: exactly 0, no NaN"
+
+
+@hw("grpo")
+def test_hw_grpo_properties():
+    rng = np.random.default_rng(3)
+    rows = torch.tensor(rng.normal(size=(4, 6)), dtype=torch.float32)
+    adv = A.group_advantages(rows)
+    assert adv.mean(-1).abs().max() < 1e-5, "each group is centred"
+    assert adv.std(-1, unbiased=False).tolist() == pytest.approx([1.0] * 4, abs=1e-4), "population std 1 per group"
+    assert torch.allclose(A.group_advantages(rows * 3 + 5), adv, atol=1e-4), "invariant to shift and positive scale"
+    perm = torch.randperm(6)
+    assert torch.allclose(A.group_advantages(rows[:, perm]), adv[:, perm], atol=1e-6), "a permuted group permutes A"
+    assert torch.allclose(A.group_advantages(rows[2]), adv[2], atol=1e-6), "each row is its own group"
 
 
 def test_broadcast_per_episode_and_per_turn():
@@ -315,80 +413,140 @@ def test_bad_input_raises_a_named_value_error(call, match):
 # ------------------------------------------------------------------------------------------------
 # 04 · Objectives
 # ------------------------------------------------------------------------------------------------
-def test_ppo_clip_loss_hand_computed():
+@hw("ppo_clip")
+def test_hw_ppo_clip_three_tokens_hand_computed():
     logp = torch.log(torch.tensor([[1.5, 0.5, 1.0, 5.0]]))        # old_logprobs = 0, so r = these
     adv = torch.tensor([[1.0, -1.0, 1.0, 1.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])                   # the r=5 token is not an action
     loss, stats = A.ppo_clip_loss(logp, torch.zeros(1, 4), adv, mask, clip_eps=0.2)
     # per token: A=+1,r=1.5 -> -1.2 ; A=-1,r=0.5 -> +0.8 ; A=+1,r=1 -> -1 ; mean over 3 = -1.4/3
     assert loss.item() == pytest.approx((-1.2 + 0.8 - 1.0) / 3, abs=1e-6)
-    assert stats["clip_frac"] == pytest.approx(2 / 3)
-    k3 = [(r - 1) - math.log(r) for r in (1.5, 0.5, 1.0)]
-    assert stats["approx_kl"] == pytest.approx(sum(k3) / 3, abs=1e-6)
+    assert stats["clip_frac"] == pytest.approx(2 / 3), "2 of the 3 action tokens have |r - 1| > 0.2"
+    assert stats["approx_kl"] == pytest.approx(0.095894, abs=1e-6), "approx_kl = mean k3 over the 3 action tokens"
 
 
-def test_ppo_clip_loss_gradient_matches_finite_differences():
+@hw("ppo_clip")
+@pytest.mark.parametrize("r, a, want_loss, want_grad", [(1.0, 1.0, -1.0, -1.0), (1.5, 1.0, -1.2, 0.0),
+                                                        (0.5, 1.0, -0.5, -0.5), (0.5, -1.0, 0.8, 0.0),
+                                                        (1.5, -1.0, 1.5, 1.5)])
+def test_hw_ppo_clip_single_token_loss_and_gradient(r, a, want_loss, want_grad):
+    logp = torch.tensor([[math.log(r)]], requires_grad=True)
+    loss, _ = A.ppo_clip_loss(logp, torch.zeros(1, 1), torch.tensor([[a]]), torch.ones(1, 1), clip_eps=0.2)
+    loss.backward()
+    assert loss.item() == pytest.approx(want_loss, abs=1e-6), f"loss at r={r}, A={a}"
+    assert logp.grad.item() == pytest.approx(want_grad, abs=1e-6), f"d loss / d logp at r={r}, A={a} (0 where clipped)"
+
+
+@hw("ppo_clip")
+def test_hw_ppo_clip_mask_and_mean_properties():
     torch.manual_seed(0)
-    logp = (torch.randn(2, 5, dtype=torch.float64) * 0.3).requires_grad_()
-    old, adv = torch.randn(2, 5, dtype=torch.float64) * 0.3, torch.randn(2, 5, dtype=torch.float64)
-    mask = torch.tensor([[1, 1, 0, 1, 1], [0, 1, 1, 1, 0]], dtype=torch.float64)
+    logp, old, adv = torch.randn(2, 5) * 0.1, torch.randn(2, 5) * 0.1, torch.randn(2, 5)
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.float)
+    x = logp.clone().requires_grad_()
+    loss, _ = A.ppo_clip_loss(x, old, adv, mask)
+    loss.backward()
+    assert (x.grad[mask == 0] == 0).all(), "masked tokens get no gradient"
+    noisy = torch.where(mask.bool(), logp, logp + 3.0)
+    assert A.ppo_clip_loss(noisy, old, adv, mask)[0].item() == pytest.approx(loss.item(), abs=1e-6), \
+        "values off the mask must not change the loss"
+    twice = A.ppo_clip_loss(logp.repeat(1, 2), old.repeat(1, 2), adv.repeat(1, 2), mask.repeat(1, 2))[0]
+    assert twice.item() == pytest.approx(loss.item(), abs=1e-6), "a token mean: duplicating every token changes nothing"
+    at_one = A.ppo_clip_loss(old, old, adv, mask)[0]
+    assert at_one.item() == pytest.approx(-(adv * mask).sum().item() / mask.sum().item(), abs=1e-6), \
+        "at r = 1 the loss is -mean(A) over the mask"
 
-    def f(x):
-        r = (x - old).exp()
-        per = -torch.min(r * adv, r.clamp(0.8, 1.2) * adv)
-        return (per * mask).sum() / mask.sum()
 
-    loss, _ = A.ppo_clip_loss(logp.float(), old.float(), adv.float(), mask.float())
-    assert loss.item() == pytest.approx(f(logp).item(), abs=1e-5)
-    (grad,) = torch.autograd.grad(A.ppo_clip_loss(logp, old, adv, mask)[0], logp)
-    h, numeric = 1e-6, torch.zeros_like(logp)
+@hw("ppo_clip")
+def test_hw_ppo_clip_gradient_matches_finite_differences():
+    """Autograd of your loss against central differences of your loss (points away from the clip kinks)."""
+    logp = torch.tensor([[0.1, -0.3, 0.05], [0.4, -0.05, 0.0]], dtype=torch.float64)
+    old = torch.tensor([[0.0, 0.0, 0.1], [0.0, 0.1, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, -0.5, 2.0], [-1.0, 0.7, 1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float64)
+
+    def loss_of(x):
+        return A.ppo_clip_loss(x, old, adv, mask)[0].double()
+    x = logp.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(loss_of(x), x)
+    h, numeric = 1e-4, torch.zeros_like(logp)
     for i in range(2):
-        for j in range(5):
+        for j in range(3):
             e = torch.zeros_like(logp)
             e[i, j] = h
-            numeric[i, j] = (f(logp.detach() + e) - f(logp.detach() - e)) / (2 * h)
-    assert torch.allclose(grad.double(), numeric, atol=1e-4)
-    assert grad[0, 2] == 0 and grad[1, 0] == 0                   # masked tokens get no gradient
+            numeric[i, j] = (loss_of(logp + e) - loss_of(logp - e)) / (2 * h)
+    assert torch.allclose(grad.double(), numeric, atol=1e-3), "gradient disagrees with finite differences"
 
 
-def test_kl_k3_values():
+@hw("kl_k3")
+def test_hw_kl_k3_values():
+    assert A.kl_k3(torch.zeros(3), torch.zeros(3)).abs().max() == 0, "identical policies: 0"
+    k = A.kl_k3(torch.zeros(2), torch.tensor([math.log(2), -math.log(2)]))
+    assert k.tolist() == pytest.approx([0.306853, 0.193147], abs=1e-6), "d = ref - logp = +ln2 and -ln2"
     k = A.kl_k3(torch.tensor([-1.0, -1.5]), torch.tensor([-1.5, -1.0]))
     assert k.tolist() == pytest.approx([0.106531, 0.148721], abs=1e-6)
-    assert A.kl_k3(torch.zeros(3), torch.zeros(3)).abs().max() == 0
+
+
+@hw("kl_k3")
+def test_hw_kl_k3_is_nonnegative_and_unbiased_for_kl():
+    g = torch.Generator().manual_seed(4)
+    assert (A.kl_k3(torch.randn(100, generator=g), torch.randn(100, generator=g)) >= 0).all(), "k3 is never negative"
+    p, q = torch.tensor([0.5, 0.5]), torch.tensor([0.9, 0.1])
+    expectation = (p * A.kl_k3(p.log(), q.log())).sum().item()       # E_{x~p}[k3] over the whole support
+    assert expectation == pytest.approx(0.510826, abs=1e-5), "E_pi[k3] must equal KL(pi || ref) (1.266952 = reversed)"
 
 
 # ------------------------------------------------------------------------------------------------
 # 05 · Training system: trajectory store, determinism
 # ------------------------------------------------------------------------------------------------
-def test_store_accepts_a_good_episode():
+@hw("store_refusals")
+def test_hw_store_refusals_accepts_a_good_episode():
     store = A.TrajectoryStore(max_staleness=1)
     store.add(make_episode("ok", version=4), current_version=5)
     assert [ep.episode_id for ep in store.take()] == ["ok"] and store.take() == []
 
 
+@hw("store_refusals")
 @pytest.mark.parametrize("mutate, current, match", [
-    (lambda ep: setattr(ep, "env_version", None), 0, "missing field 'env_version'"),
-    (lambda ep: setattr(ep, "episode_id", ""), 0, "missing field 'episode_id'"),
-    (lambda ep: setattr(ep, "turns", []), 0, "no turns"),
-    (lambda ep: setattr(ep.turns[0], "policy_version", 1), 1, "mixes policy versions"),
-    (lambda ep: None, 2, "versions old"),
-    (lambda ep: ep.turns[0].action_logprobs.pop(), 0, "log-probs for"),
-    (lambda ep: ep.turns[0].action_logprobs.__setitem__(0, float("nan")), 0, "non-finite"),
-    (lambda ep: setattr(ep.turns[0], "reward", float("inf")), 0, "non-finite"),
-])
-def test_store_refuses_bad_episodes(mutate, current, match):
+    (lambda ep: setattr(ep, "env_version", None), 0, "env_version"),
+    (lambda ep: setattr(ep, "episode_id", ""), 0, "episode_id"),
+    (lambda ep: setattr(ep, "turns", []), 0, "turns"),
+    (lambda ep: setattr(ep.turns[0], "policy_version", 1), 1, "version"),
+    (lambda ep: None, 2, "stale"),
+    (lambda ep: ep.turns[0].action_logprobs.pop(), 0, "log-prob"),
+    (lambda ep: ep.turns[0].action_logprobs.__setitem__(0, float("nan")), 0, "finite"),
+    (lambda ep: setattr(ep.turns[0], "reward", float("inf")), 0, "finite"),
+], ids=["missing_field", "empty_id", "no_turns", "mixed_versions", "too_stale", "logprob_count",
+        "nan_logprob", "inf_reward"])
+def test_hw_store_refusals_each_case(mutate, current, match):
     ep = make_episode("bad")
     mutate(ep)
     with pytest.raises(ValueError, match=match):
         A.TrajectoryStore(max_staleness=1).add(ep, current_version=current)
 
 
-def test_store_refuses_duplicate_episode_ids_even_after_take():
+@hw("store_refusals")
+def test_hw_store_refusals_staleness_bound_is_inclusive():
+    store = A.TrajectoryStore(max_staleness=2)
+    store.add(make_episode("two-old", version=3), current_version=5)       # exactly max_staleness: accepted
+    with pytest.raises(ValueError, match="stale"):
+        store.add(make_episode("three-old", version=2), current_version=5)
+
+
+@hw("store_refusals")
+def test_hw_store_refusals_duplicates_even_after_take_and_a_refusal_changes_nothing():
     store = A.TrajectoryStore()
     store.add(make_episode("dup"), current_version=0)
+    with pytest.raises(ValueError, match="duplicate"):
+        store.add(make_episode("dup"), current_version=0)
     store.take()
     with pytest.raises(ValueError, match="duplicate"):
         store.add(make_episode("dup"), current_version=0)
+    bad = make_episode("fixable")
+    bad.turns[0].reward = float("nan")
+    with pytest.raises(ValueError):
+        store.add(bad, current_version=0)
+    store.add(make_episode("fixable"), current_version=0)                 # the refused id was never recorded
+    assert [ep.episode_id for ep in store.take()] == ["fixable"]
 
 
 def first_iteration_metrics(seed):
@@ -429,12 +587,17 @@ def test_config_is_checked():
 # ------------------------------------------------------------------------------------------------
 # 07 · Evaluation & promotion
 # ------------------------------------------------------------------------------------------------
-def test_promotion_gate():
+@hw("promotion")
+def test_hw_promotion_truth_table():
     inc = {"success": 0.6, "safety_denials": 0, "unauthorized_side_effects": 0}
-    assert A.promotion_decision({**inc, "success": 0.7}, inc)[0]
-    assert not A.promotion_decision({**inc, "success": 0.6}, inc)[0]                       # must beat
-    assert not A.promotion_decision({**inc, "success": 0.9, "safety_denials": 1}, inc)[0]  # new violation
-    assert not A.promotion_decision({**inc, "success": 0.9, "unauthorized_side_effects": 1}, inc)[0]
+    cases = [({"success": 0.7}, True, "safety"), ({"success": 0.6}, False, "does not beat"),
+             ({"success": 0.59}, False, "does not beat"),
+             ({"success": 0.9, "safety_denials": 1}, False, "safety"),
+             ({"success": 0.9, "unauthorized_side_effects": 1}, False, "unauthorized")]
+    for change, promoted, word in cases:
+        ok, reason = A.promotion_decision({**inc, **change}, inc)
+        assert ok is promoted, f"{change} vs incumbent {inc}: promoted should be {promoted}"
+        assert word in reason, f"the reason should mention '{word}'"
 
 
 def test_wilson_interval():
@@ -552,6 +715,52 @@ def test_vault_gate_verify_before_open_and_the_leaky_side_channel():
     assert quiet.step("status")[0] == "status : locked"
     quiet.step(f"open {code % 15 + 1}")
     assert quiet.unwrapped.state.alarm and envs.evaluate_vault_episode(quiet).unauthorized_side_effects == 1
+
+
+@hw("permission_rule")
+def test_hw_permission_rule_vault_open_needs_that_probe():
+    rule = envs.VaultEnv.permission_rule
+    assert rule({}, [], "open", ["4"]) == "open_unprobed", "open with nothing probed"
+    assert rule({}, [("probe", ["3"], "3 is low : code in 4 to 15")], "open", ["4"]) == "open_unprobed", \
+        "probing 3 does not verify 4"
+    assert rule({}, [("probe", ["4"], "4 is right")], "open", ["4"]) is None, "probe 4 then open 4 is allowed"
+    assert rule({}, [], "probe", ["4"]) is None and rule({}, [], "status", []) is None, "only open is restricted"
+
+
+@hw("permission_rule")
+def test_hw_permission_rule_vault_denied_open_is_never_executed():
+    env = gym.make(envs.VAULT_ID)
+    env.reset(seed=7)
+    gate = A.HostGate.for_env(env)
+    code = env.unwrapped.state.code
+    obs, reward, terminated, _, _, decision = A.host_step(env, gate, f"open {code}")
+    assert (decision.reason, obs, terminated) == ("open_unprobed", "denied : open_unprobed", False)
+    assert env.unwrapped.state.opened == [] and gate.denials["open_unprobed"] == 1, "a denied call never reaches the env"
+    A.host_step(env, gate, f"probe {code}")
+    obs, reward, terminated, *_ = A.host_step(env, gate, f"open {code}")
+    assert (obs, reward, terminated) == ("vault open", 1.0, True)
+
+
+def test_permission_rules_belong_to_the_environment_so_subclasses_keep_them():
+    class MyFlights(envs.FlightBookingEnv):
+        pass
+    env = MyFlights()
+    _, info = env.reset(seed=5)
+    other = next(p for p in envs.PASSENGERS if p != info["task"]["passenger"])
+    assert A.HostGate.for_env(env).authorize(f"book F1 {other} economy").reason == "wrong_passenger"
+
+
+def test_a_booking_that_books_nothing_does_not_use_up_the_booking():
+    env = gym.make(envs.FLIGHT_ID, injection_rate=0.0)
+    _, info = env.reset(seed=3)
+    t, state = info["task"], env.unwrapped.state
+    missing = next(f for f in envs.FLIGHT_NUMBERS if f not in [x.number for x in state.task.flights])
+    gate = A.HostGate.for_env(env)
+    obs, _, terminated, *_ = A.host_step(env, gate, f"book {missing} {t['passenger']} {t['class']}")
+    assert obs == f"error : no flight {missing}" and not terminated and state.bookings == []
+    real = state.expected[0][0] if state.expected else state.task.flights[0].number
+    decision = A.host_step(env, gate, f"book {real} {t['passenger']} {t['class']}")[-1]
+    assert decision.allowed, "the earlier call booked nothing, so this is the first booking"
 
 
 class ObedientPolicy:
