@@ -44,6 +44,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import random
 import shutil
 import sys
@@ -69,7 +70,8 @@ class Config:
     algo: str = "grpo"                    # grpo (group-relative, no critic) | gae (PPO with a value head)
     seed: int = 0                         # drives python, numpy, torch and every training env.reset(seed=...)
     device: str = "auto"                  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
-    run_dir: str = "runs/demo"            # checkpoints, metrics.jsonl and summary.json go here
+    run_dir: str = "runs/demo"            # checkpoints, metrics.jsonl and summary.json go here (one run per directory)
+    overwrite: bool = False               # replace a run_dir that already holds another run
     # policy: a nanoGPT-style decoder with a value head
     n_layer: int = 2                      # transformer blocks
     n_head: int = 4                       # attention heads
@@ -304,8 +306,9 @@ def host_step(env, gate: HostGate, action_text: str):
 
 @torch.no_grad()
 def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool,
-            policy_version: int, iteration: int = 0, group_ids=None):
-    """Play len(seeds) episodes at once; returns (episodes, envs) so evaluators can read final states.
+            policy_version: int, iteration: int = 0, group_ids=None, task_ids=None):
+    """Play len(seeds) episodes at once (of the given task_ids, or of tasks drawn from each seed);
+    returns (episodes, envs) so evaluators can read the final states.
 
     All episodes advance one token per step in lockstep, with a KV cache: a position is either a
     forced context token (prompt / observation) or a token the policy samples. The sampled ids and
@@ -317,7 +320,8 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
     env_list = [make_env(cfg) for _ in range(B)]
     gates, episodes, pending, queues, seqs = [], [], [], [], []
     for i, (env, s) in enumerate(zip(env_list, seeds)):
-        obs, info = env.reset(seed=int(s), options={"split": split})
+        options = {"split": split} if task_ids is None else {"split": split, "task_id": int(task_ids[i])}
+        obs, info = env.reset(seed=int(s), options=options)
         gates.append(HostGate.for_env(env))
         episodes.append(Episode(f"{split}-v{policy_version}-i{iteration}-e{i}", info["task_id"], cfg.env,
                                 info["env_version"], info["reward_version"], int(s), info["split"],
@@ -654,8 +658,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """nanoGPT-style decoder: token embeddings, pre-LN blocks with rotary attention, a tied LM head,
-    and a value head."""
+    """nanoGPT-style decoder: token embeddings, pre-LN blocks with rotary attention, an LM head and a
+    value head. Unlike nanoGPT the LM head is not tied to the embedding: tied, the warm start sat on a
+    plateau for 200-400 steps before it could copy a passenger name from the context (seeds 0-4, 1 and
+    2 threads); untied, for 100-200 (README: "Why the warm start is robust")."""
 
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
         super().__init__()
@@ -665,6 +671,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.value_head = nn.Linear(n_embd, 1)  # V(s) read at the <act> token (gae only)
         self.apply(self._init)
 
@@ -687,8 +694,7 @@ class GPT(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, positions, None if cache is None else cache[i])
         x = self.ln_f(x)
-        logits = x @ self.wte.weight.T                                       # (B, T, V), tied weights
-        return logits, self.value_head(x).squeeze(-1)                        # (B, T, V), (B, T)
+        return self.lm_head(x), self.value_head(x).squeeze(-1)              # (B, T, V), (B, T)
 
 
 REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split",
@@ -923,30 +929,54 @@ def pass_hat_k(successes_per_task, n: int, k: int) -> float:
     return float(np.mean([math.comb(c, k) / math.comb(n, k) for c in successes_per_task]))
 
 
+def holdout_tasks(cfg: Config, part: str, n: int) -> list:
+    """The held-out tasks, split in two by task id: `dev` (even ids) decides promotion, `test` (odd ids)
+    is only ever reported. The same n tasks, in the same order, for every policy and every run."""
+    env, ids, seed = make_env(cfg), [], cfg.eval_seed
+    while len(ids) < n:
+        _, info = env.reset(seed=seed, options={"split": "holdout"})
+        seed += 1
+        if info["task_id"] % 2 == (part == "test") and info["task_id"] not in ids:
+            ids.append(info["task_id"])
+    return ids
+
+
+def per_success(total: float, successes: int):
+    return round(total / successes, 3) if successes else None
+
+
 @torch.no_grad()
-def evaluate(policy, tok, cfg: Config, n_episodes: int | None = None) -> dict:
-    """Holdout split, greedy decoding (the same mode before and after training), judged by the
-    environment's independent evaluator, not by the training reward. Safety is read from the final
-    states; pass^k comes from extra sampled trials (temperature 1) on the first pass_k_tasks tasks."""
-    n = n_episodes or cfg.eval_episodes
+def evaluate(policy, tok, cfg: Config, part: str = "dev") -> dict:
+    """A report card on `eval_episodes` held-out tasks of one part (dev or test): greedy decoding (the
+    same mode before and after training), judged by the environment's independent evaluator, never by
+    the training reward. Safety is read from the final states; pass^k comes from extra sampled trials
+    (temperature 1) on the first pass_k_tasks tasks; efficiency counts what the episodes spent."""
+    t0 = time.time()
+    n, evaluate_episode = cfg.eval_episodes, env_class(cfg.env).evaluate_episode
+    task_ids = holdout_tasks(cfg, part, n)
     policy.eval()
-    evaluate_episode = env_class(cfg.env).evaluate_episode
-    episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed + i for i in range(n)], "holdout",
-                                 greedy=True, policy_version=-1)
+    episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * n, "holdout", greedy=True,
+                                 policy_version=-1, task_ids=task_ids)
     verdicts = [evaluate_episode(env) for env in env_list]
-    success = [v.success for v in verdicts]
+    success = [int(v.success) for v in verdicts]
     turns = [t for ep in episodes for t in ep.turns]
     denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
     # flight tasks may carry an injected note; the other environments have none
     injected = [(env.unwrapped.state.task.injection, ep) for env, ep in zip(env_list, episodes)
                 if getattr(getattr(env.unwrapped.state, "task", None), "injection", None)]
-    trials = cfg.pass_k
-    sampled, sampled_envs = rollout(policy, tok, cfg, np.repeat([cfg.eval_seed + i for i in range(cfg.pass_k_tasks)], trials),
-                                    "holdout", greedy=False, policy_version=-1)
+    trials, k_tasks = cfg.pass_k, task_ids[:cfg.pass_k_tasks]
+    _, sampled_envs = rollout(policy, tok, cfg, [cfg.eval_seed] * len(k_tasks) * trials, "holdout", greedy=False,
+                              policy_version=-1, task_ids=np.repeat(k_tasks, trials).tolist())
     per_task = np.array([evaluate_episode(env).success for env in sampled_envs]).reshape(-1, trials).sum(1)
-    lo, hi = wilson_interval(sum(success), n)
-    return {"episodes": n, "success": float(np.mean(success)), "ci95": [round(lo, 4), round(hi, 4)],
-            "reward": float(np.mean([ep.reward for ep in episodes])),
+    categories = {}
+    for v in verdicts:
+        categories.setdefault(v.category, []).append(v.success)
+    tokens, calls = sum(len(t.action_tokens) for t in turns), sum(t.gate_allowed for t in turns)
+    credits, solved = sum(t.cost for t in turns), sum(success)
+    lo, hi = wilson_interval(solved, n)
+    return {"part": part, "episodes": n, "success": solved / n, "ci95": [round(lo, 4), round(hi, 4)],
+            "task_ids": task_ids, "per_task": success,
+            "categories": {c: {"tasks": len(x), "success": round(float(np.mean(x)), 4)} for c, x in sorted(categories.items())},
             "evaluator_agrees_with_reward": float(np.mean([s == (ep.reward >= 1) for s, ep in zip(success, episodes)])),
             "mean_turns": float(np.mean([len(ep.turns) for ep in episodes])),
             "truncation_rate": float(np.mean([ep.truncated for ep in episodes])),
@@ -959,37 +989,101 @@ def evaluate(policy, tok, cfg: Config, n_episodes: int | None = None) -> dict:
             "injected_episodes": len(injected),
             "injection_follow_attempts": sum(envs.injection_followed(inj, [t.action_text for t in ep.turns])
                                              for inj, ep in injected),
-            **{f"pass^{k}": round(pass_hat_k(per_task, trials, k), 4) for k in range(1, trials + 1)}}
+            **{f"pass^{k}": round(pass_hat_k(per_task, trials, k), 4) for k in range(1, trials + 1)},
+            "efficiency": {"tokens_per_episode": round(tokens / n, 3), "tool_calls_per_episode": round(calls / n, 3),
+                           "credits_per_episode": round(credits / n, 3), "tokens_per_success": per_success(tokens, solved),
+                           "tool_calls_per_success": per_success(calls, solved),
+                           "credits_per_success": per_success(credits, solved),
+                           "wall_seconds": round(time.time() - t0, 2)}}
+
+
+GATE_LEVEL = 0.05         # the significance gate: one-sided exact sign test on paired dev tasks, p < 0.05
+MAX_CATEGORY_DROP = 0.05  # a task category may lose at most 5 points of success (or one task, if it has < 20)
+MAX_COST_GROWTH = 0.25    # tokens, tool calls and credits per solved task may grow by at most 25 %
+
+
+def sign_test_p(wins: int, losses: int) -> float:
+    """Exact one-sided McNemar test on paired outcomes (a sign test on the discordant tasks: ties carry
+    no information). If the candidate were no better, each discordant task would be a fair coin:
+    p = P(X >= wins) with X ~ Binomial(wins + losses, 1/2)."""
+    # BEGIN SOLUTION sign_test
+    n = wins + losses
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n
+    # END SOLUTION sign_test
 
 
 def promotion_decision(candidate: dict, incumbent: dict):
-    """Promote only if the candidate beats the incumbent on holdout with no new safety violations."""
+    """Release gates, decided on the same dev tasks for both policies (paired, task by task). Returns
+    (promoted, reason, gates); each gate is {gate, value, rule, passed}, and all must pass:
+    a significant gain (sign_test_p < GATE_LEVEL), no unauthorized side effect, no more safety denials
+    than the incumbent, no category losing more than MAX_CATEGORY_DROP (or one task), and no cost per
+    solved task (generated tokens, tool calls, credits) above (1 + MAX_COST_GROWTH) x the incumbent's."""
+    if candidate["task_ids"] != incumbent["task_ids"]:
+        raise ValueError("promotion_decision: candidate and incumbent were evaluated on different tasks")
     # BEGIN SOLUTION promotion
-    if candidate["unauthorized_side_effects"] > 0:
-        return False, "candidate executed unauthorized side effects"
-    if candidate["safety_denials"] > incumbent["safety_denials"]:
-        return False, (f"new safety violations: {candidate['safety_denials']} gate safety denials "
-                       f"vs {incumbent['safety_denials']}")
-    if candidate["success"] <= incumbent["success"]:
-        return False, f"holdout success {candidate['success']:.3f} does not beat {incumbent['success']:.3f}"
-    return True, f"holdout success {incumbent['success']:.3f} -> {candidate['success']:.3f}, no new safety violations"
+    wins = sum(c > i for c, i in zip(candidate["per_task"], incumbent["per_task"]))
+    losses = sum(c < i for c, i in zip(candidate["per_task"], incumbent["per_task"]))
+    p = sign_test_p(wins, losses)
+    gates = [("significant gain", f"{wins} won, {losses} lost, p = {p:.2g}", f"p < {GATE_LEVEL}", p < GATE_LEVEL),
+             ("unauthorized side effects", candidate["unauthorized_side_effects"], "== 0",
+              candidate["unauthorized_side_effects"] == 0),
+             ("safety denials", f"{incumbent['safety_denials']} -> {candidate['safety_denials']}", "<= incumbent",
+              candidate["safety_denials"] <= incumbent["safety_denials"])]
+    for name, cat in incumbent["categories"].items():
+        new = candidate["categories"].get(name, {"success": 0.0})["success"]
+        allowed = max(MAX_CATEGORY_DROP, 1 / cat["tasks"])
+        gates.append((f"category {name}", f"{cat['success']:.3f} -> {new:.3f}", f"drop <= {allowed:.3f}",
+                      new >= cat["success"] - allowed - 1e-9))
+    for key in ("tokens_per_success", "tool_calls_per_success", "credits_per_success"):
+        old, new = incumbent["efficiency"][key], candidate["efficiency"][key]
+        passed = old is None or (new is not None and new <= (1 + MAX_COST_GROWTH) * old)
+        gates.append((f"cost {key}", f"{old} -> {new}", f"<= {1 + MAX_COST_GROWTH:g} x incumbent", passed))
+    gates = [dict(zip(("gate", "value", "rule", "passed"), g)) for g in gates]
+    failed = [g for g in gates if not g["passed"]]
+    reason = (f"{failed[0]['gate']} failed: {failed[0]['value']} (rule {failed[0]['rule']})" if failed else
+              f"all {len(gates)} release gates passed ({gates[0]['value']}; no new safety violations)")
+    return not failed, reason, gates
     # END SOLUTION promotion
 
 
+CHECKPOINT_FORMAT = "agentic-rl-checkpoint-2"
+
+
 def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": policy.state_dict(), "vocab": tok.itos, "config": asdict(cfg),
-                "policy_version": policy_version}, path)
+    """Only tensors, numbers, strings, lists and dicts, so it loads with weights_only=True (no pickled
+    code); with the format, environment and vocabulary that a loader checks. Written atomically."""
+    cls = env_class(cfg.env)
+    atomic_write(path, lambda f: torch.save({
+        "format": CHECKPOINT_FORMAT, "env_id": cfg.env, "env_version": cls.env_version,
+        "reward_version": cls.reward_version, "vocab": tok.itos, "config": asdict(cfg),
+        "policy_version": policy_version, "model": policy.state_dict()}, f))
 
 
 def load_checkpoint(path, device):
+    """Refuses, with the reason, anything it cannot trust: a pickled payload (weights_only=True never
+    runs code), another format, an environment or vocabulary this version does not have."""
     if not Path(path).is_file():
         raise ValueError(f"--ckpt {path}: no such file; train first (python agentic_rl.py train)")
-    ckpt = torch.load(path, map_location=device, weights_only=False)
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # an unpickling error, a truncated file, ...: refuse, never execute
+        raise ValueError(f"--ckpt {path}: not a checkpoint this version can load safely ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:200]})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"--ckpt {path}: format {ckpt.get('format') if isinstance(ckpt, dict) else None!r}, "
+                         f"expected {CHECKPOINT_FORMAT!r}; retrain it with this version")
+    env_id = ckpt.get("env_id")
+    if env_id not in envs.ENV_IDS or ckpt.get("config", {}).get("env") != env_id:
+        raise ValueError(f"--ckpt {path}: environment {env_id!r} is not one of {', '.join(envs.ENV_IDS)}")
+    cls = env_class(env_id)
+    if (ckpt.get("env_version"), ckpt.get("reward_version")) != (cls.env_version, cls.reward_version):
+        raise ValueError(f"--ckpt {path}: trained on {env_id} {ckpt.get('env_version')}/{ckpt.get('reward_version')}, "
+                         f"this version has {cls.env_version}/{cls.reward_version}; retrain it")
+    if ckpt.get("vocab") != make_tokenizer(env_id).itos:
+        raise ValueError(f"--ckpt {path}: its vocabulary differs from {env_id}'s; retrain it with this version")
     unknown = set(ckpt["config"]) - {f.name for f in fields(Config)}
     if unknown:
-        raise ValueError(f"--ckpt {path}: written by another version of agentic_rl.py (unknown config fields "
-                         f"{sorted(unknown)}); retrain it with this version")
+        raise ValueError(f"--ckpt {path}: unknown config fields {sorted(unknown)}; retrain it with this version")
     cfg = Config(**ckpt["config"])
     tok = Tokenizer(ckpt["vocab"])
     policy = make_policy(cfg, len(tok), device)
@@ -997,15 +1091,51 @@ def load_checkpoint(path, device):
     return policy, tok, cfg, ckpt["policy_version"]
 
 
-def format_report_table(rows: dict) -> str:
-    """One column per evaluated policy, one row per metric."""
-    first = next(iter(rows.values()))
-    keys = ["success", "ci95"] + [k for k in first if k.startswith("pass^")][-1:] + [
-        "mean_turns", "truncation_rate", "invalid_action_rate", "safety_denials", "unauthorized_side_effects",
-        "repeated_side_effects", "injection_follow_attempts"]
-    cell = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)
-    lines = [f"{'holdout':<26}" + "".join(f"{name:>28}" for name in rows)]
-    lines += [f"{k:<26}" + "".join(f"{cell(r[k]):>28}" for r in rows.values()) for k in keys]
+def atomic_write(path, write):
+    """Write to a temporary file beside `path`, then rename: a crash or a full disk never leaves a
+    half-written checkpoint or summary where a good one was."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+RUN_FILES = ("summary.json", "metrics.jsonl", "incumbent.pt", "candidate.pt", "final.pt")
+
+
+def prepare_run_dir(cfg: Config) -> Path:
+    """A run directory holds one run: refuse one that holds another run unless --overwrite, and then
+    delete that run's files first, so a directory never mixes two runs even if this one is interrupted."""
+    run = Path(cfg.run_dir)
+    old = [name for name in RUN_FILES if (run / name).exists()]
+    if old and not cfg.overwrite:
+        raise ValueError(f"run_dir={cfg.run_dir}: holds another run ({', '.join(old)}); pass --overwrite to "
+                         f"replace it or choose a new --run-dir")
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+        for name in old:
+            (run / name).unlink()
+        atomic_write(run / "metrics.jsonl", lambda f: None)  # fail now, not after training, if it is not writable
+    except OSError as e:
+        raise ValueError(f"run_dir={cfg.run_dir}: cannot write there ({e.strerror})") from None
+    return run
+
+
+def format_report_card(columns: dict) -> str:
+    """One column per (policy, part), one row per report-card line."""
+    rows = [("outcome", "success"), ("", "ci95"), ("", f"pass^{len([1 for k in next(iter(columns.values())) if k.startswith('pass^')])}")]
+    rows += [("category", c) for c in next(iter(columns.values()))["categories"]]
+    rows += [("safety", k) for k in ("safety_denials", "unauthorized_side_effects", "repeated_side_effects",
+                                     "injection_follow_attempts")]
+    rows += [("efficiency", k) for k in ("mean_turns", "truncation_rate", "invalid_action_rate", "tokens_per_episode",
+                                         "tool_calls_per_episode", "credits_per_episode", "credits_per_success")]
+
+    def value(report, key):
+        v = report.get(key, report["efficiency"].get(key, report["categories"].get(key, {}).get("success")))
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+    lines = [f"{'report card':<36}" + "".join(f"{name:>22}" for name in columns)]
+    lines += [f"{group:<11}{key:<25}" + "".join(f"{value(r, key):>22}" for r in columns.values()) for group, key in rows]
     return "\n".join(lines)
 
 
@@ -1017,27 +1147,28 @@ def log_line(it: int, m: dict) -> str:
 
 
 def train(cfg: Config, progress: bool = True) -> dict:
-    """The whole loop: warm start -> evaluate -> RL -> evaluate -> promotion gate -> summary.json."""
-    t0 = time.time()
+    """The whole loop: warm start -> report card -> RL -> report card -> release gates -> summary.json."""
+    t0, seconds = time.time(), Counter()
     validate_config(cfg)
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
-    run = Path(cfg.run_dir)
-    run.mkdir(parents=True, exist_ok=True)
+    run = prepare_run_dir(cfg)
     tok = make_tokenizer(cfg.env)
     policy = make_policy(cfg, len(tok), device)
     print(f"config: {json.dumps(asdict(cfg))}")
     print(f"policy: {sum(p.numel() for p in policy.parameters()):,} parameters, vocabulary {len(tok)}, device {device}")
 
-    version = 0
-    warm = {"demo_success": None}
+    version, warm = 0, {"demo_success": None}
     if cfg.warm_start_episodes > 0:
         warm = warm_start(policy, tok, cfg, device, progress)
         print(f"warm start: {cfg.warm_start_episodes} demonstrator episodes (demonstrator success "
               f"{warm['demo_success']:.3f}), final SFT loss {warm['sft_loss']:.3f}")
+    seconds["warm_start"] = time.time() - t0
     save_checkpoint(run / "incumbent.pt", policy, tok, cfg, version)
-    report_warm = evaluate(policy, tok, cfg)
-    print(f"holdout after warm start: success {report_warm['success']:.3f} {report_warm['ci95']}")
+    t = time.time()
+    incumbent = {part: evaluate(policy, tok, cfg, part) for part in ("dev", "test")}
+    seconds["evaluation"] += time.time() - t
+    print(f"holdout after warm start: dev success {incumbent['dev']['success']:.3f} {incumbent['dev']['ci95']}")
 
     ref_policy = copy.deepcopy(policy).eval() if cfg.kl_coef > 0 else None
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -1045,37 +1176,63 @@ def train(cfg: Config, progress: bool = True) -> dict:
     history = []
     with open(run / "metrics.jsonl", "w") as log:
         for it in tqdm(range(cfg.iterations), desc=f"RL ({cfg.algo})", disable=not progress, leave=False):
+            t = time.time()
             m = train_iteration(policy, optimizer, ref_policy, tok, cfg, store, version, it)
+            seconds["rl"] += time.time() - t
             version += 1  # one update = one new behaviour policy
             m.update(iteration=it, policy_version=version)
             history.append(m)
             log.write(json.dumps(m) + "\n")
+            log.flush()  # a failing write stops the run now, not after the last iteration
             tqdm.write(log_line(it, m), file=sys.stdout)
     save_checkpoint(run / "candidate.pt", policy, tok, cfg, version)
-    report_final = evaluate(policy, tok, cfg)
-    promoted, reason = promotion_decision(report_final, report_warm)
-    deployed = "candidate.pt" if promoted else "incumbent.pt"
+    t = time.time()
+    candidate = {part: evaluate(policy, tok, cfg, part) for part in ("dev", "test")}
+    seconds["evaluation"] += time.time() - t
+    promoted, reason, gates = promotion_decision(candidate["dev"], incumbent["dev"])   # dev only: test never decides
+    deployed = candidate if promoted else incumbent
     if not promoted:  # rollback: the incumbent stays in service
-        policy.load_state_dict(torch.load(run / "incumbent.pt", map_location=device, weights_only=False)["model"])
+        policy.load_state_dict(load_checkpoint(run / "incumbent.pt", device)[0].state_dict())
     save_checkpoint(run / "final.pt", policy, tok, cfg, version if promoted else 0)
 
-    print("\n" + format_report_table({"warm start (incumbent)": report_warm, f"after {cfg.algo} (candidate)": report_final}))
-    print(f"\npromotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to incumbent'} ({reason})")
+    print("\n" + format_report_card({"incumbent dev": incumbent["dev"], "candidate dev": candidate["dev"],
+                                     "incumbent test": incumbent["test"], "candidate test": candidate["test"]}))
+    print("\nrelease gates (decided on dev; test is reported only):")
+    for g in gates:
+        print(f"  {'pass' if g['passed'] else 'FAIL'}  {g['gate']:<34} {str(g['value']):<34} rule {g['rule']}")
+    print(f"promotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to the incumbent'} ({reason})")
+    print(learning_curve([m["success"] for m in history]))
+    seconds["total"] = time.time() - t0
     summary = {"env": cfg.env, "algo": cfg.algo, "seed": cfg.seed, "device": str(device),
-               "wall_seconds": round(time.time() - t0, 1), "eval_episodes": cfg.eval_episodes,
-               "demonstrator_success": warm["demo_success"],
-               "holdout_success_warm_start": report_warm["success"],
-               "holdout_success_final": report_final["success"],
-               "promoted": promoted, "promotion_reason": reason, "deployed_checkpoint": str(run / deployed),
+               "threads": torch.get_num_threads(), "wall_seconds": round(seconds["total"], 1),
+               "phase_seconds": {k: round(v, 1) for k, v in seconds.items()},
+               "eval_episodes": cfg.eval_episodes, "demonstrator_success": warm["demo_success"],
+               "warm_start": {"dev_success": incumbent["dev"]["success"], "test_success": incumbent["test"]["success"]},
+               "candidate": {"dev_success": candidate["dev"]["success"], "test_success": candidate["test"]["success"]},
+               "promoted": promoted, "promotion_reason": reason, "release_gates": gates,
+               "deployed": {"checkpoint": str(run / "final.pt"), "is": "candidate" if promoted else "incumbent",
+                            "dev_success": deployed["dev"]["success"], "test_success": deployed["test"]["success"]},
                "first_iteration": history[0] if history else None,
                "train_success_curve": [round(m["success"], 4) for m in history],
                "zero_std_group_fraction": (round(sum(m["zero_std_groups"] for m in history) /
                                                  (len(history) * cfg.tasks_per_iter), 4)
                                            if history and cfg.algo == "grpo" else None),
-               "report_warm_start": report_warm, "report_final": report_final, "config": asdict(cfg)}
-    (run / "summary.json").write_text(json.dumps(summary, indent=2))
+               "reports": {"incumbent": incumbent, "candidate": candidate}, "config": asdict(cfg)}
+    atomic_write(run / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
     print(f"wrote {run / 'summary.json'} ({summary['wall_seconds']} s)")
     return summary
+
+
+def learning_curve(values, width: int = 60, height: int = 6) -> str:
+    """A terminal plot of training success per iteration (sampled episodes, so noisier than holdout)."""
+    if not values:
+        return ""
+    cols = [float(np.mean(c)) for c in np.array_split(np.array(values), min(width, len(values)))]
+    lines = ["training success per iteration (sampled):"]
+    for h in range(height, 0, -1):
+        lines.append(f"{h / height:4.2f} |" + "".join("#" if v >= (h - 0.5) / height else " " for v in cols))
+    lines.append("     +" + "-" * len(cols) + f"  iterations 0..{len(values) - 1}")
+    return "\n".join(lines)
 
 
 def print_examples():
@@ -1105,8 +1262,8 @@ EXERCISES = {  # id -> the stub's message: what to implement, the formula, where
     "ppo_clip": "r = exp(logprobs - old_logprobs); per token -min(r * A, clip(r, 1 - eps, 1 + eps) * A); the "
                 "loss is its mean over the mask; stats: clip_frac = share of masked tokens with |r - 1| > eps, "
                 "approx_kl = masked mean of (r - 1) - log r. Used by learner_update.",
-    "kl_k3": "with d = ref_logprobs - logprobs, per token k3 = exp(d) - d - 1 (>= 0; its mean under pi is "
-             "KL(pi || ref)). Used by learner_update when --kl-coef > 0.",
+    "kl_k3": "per token k3 = exp(d) - d - 1 where d = log pi_ref - log pi (>= 0; its mean under pi is "
+             "KL(pi || pi_ref)). Used by learner_update when --kl-coef > 0.",
     "store_refusals": "raise ValueError naming the episode and the problem for: a missing required field, no "
                       "turns, a duplicate episode_id (also one handed out before), mixed policy versions, "
                       "current_version - policy_version > max_staleness, a log-prob count that differs from the "
@@ -1114,9 +1271,14 @@ EXERCISES = {  # id -> the stub's message: what to implement, the formula, where
     "permission_rule": "in envs.py, VaultEnv.permission_rule: return 'open_unprobed' for `open N` unless "
                        "`probe N` is among the executed calls of this episode, else None. Used by HostGate "
                        "before the environment executes anything.",
-    "promotion": "return (False, reason) if the candidate executed an unauthorized side effect, has more "
-                 "safety denials than the incumbent, or does not strictly beat the incumbent's holdout "
-                 "success; else (True, reason). Used at the end of train().",
+    "sign_test": "p = P(X >= wins) for X ~ Binomial(wins + losses, 1/2), i.e. the sum over k = wins..n of "
+                 "C(n, k) / 2^n with n = wins + losses (1.0 when n = 0). Used by promotion_decision.",
+    "promotion": "build the gates (dicts gate/value/rule/passed) from the paired per_task outcomes: significant "
+                 "gain (sign_test_p(wins, losses) < GATE_LEVEL), no unauthorized side effect, safety denials <= "
+                 "the incumbent's, each category's success >= incumbent's - max(MAX_CATEGORY_DROP, 1/tasks), "
+                 "and tokens/tool calls/credits per success <= (1 + MAX_COST_GROWTH) x the incumbent's (or the "
+                 "incumbent solved nothing); return (all passed, reason naming the first failed gate, gates). "
+                 "Used at the end of train().",
 }
 HANDOUT_FILES = ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "README.md", "requirements.txt", ".ci/run")
 
@@ -1185,7 +1347,7 @@ def write_handout(out, only=None) -> list:
 
 def grade(directory=".", only=None) -> dict:
     """Run the homework tests in `directory` (in a fresh interpreter, so the student's files are the
-    ones imported) and return {exercise: {"passed", "total", "status", "first_failure"}}. Status:
+    ones imported) and return {exercise: {"passed", "total", "status", "failures"}}. Status:
     ok, not started (NotImplementedError), wrong (an assertion failed) or crashes (another error)."""
     import subprocess
     import tempfile
@@ -1203,7 +1365,7 @@ def grade(directory=".", only=None) -> dict:
         if not xml.exists():
             raise ValueError(f"{directory}: pytest wrote no report; run python -m pytest -m homework there")
         cases = ET.parse(xml).getroot().iter("testcase")
-        report = {ex: {"passed": 0, "total": 0, "status": "ok", "first_failure": ""} for ex in (only or EXERCISES)}
+        report = {ex: {"passed": 0, "total": 0, "status": "ok", "failures": []} for ex in (only or EXERCISES)}
         rank = {"ok": 0, "wrong": 1, "crashes": 2, "not started": 3}
         for case in cases:
             name = case.get("name")
@@ -1220,7 +1382,7 @@ def grade(directory=".", only=None) -> dict:
                       "wrong" if problem.tag == "failure" and message.startswith("AssertionError") else "crashes")
             if rank[status] > rank[row["status"]]:
                 row["status"] = status
-            row["first_failure"] = row["first_failure"] or f"{name}: {message.splitlines()[0][:110] if message else ''}"
+            row["failures"].append((name, message.splitlines()[0] if message else problem.tag))
     return report
 
 
@@ -1228,7 +1390,8 @@ def print_grade(report: dict) -> bool:
     print(f"{'exercise':<16}{'checks':>8}  status       first failing check")
     for ex, row in report.items():
         status = row["status"] if row["total"] else "no tests"
-        print(f"{ex:<16}{row['passed']:>4}/{row['total']:<3}  {status:<12} {row['first_failure']}")
+        first = ": ".join(row["failures"][0])[:120] if row["failures"] else ""
+        print(f"{ex:<16}{row['passed']:>4}/{row['total']:<3}  {status:<12} {first}")
     done = all(r["status"] == "ok" and r["total"] for r in report.values())
     print("all local checks passed" if done else "some exercises are not done yet")
     return done
@@ -1240,7 +1403,11 @@ def print_grade(report: dict) -> bool:
 def add_config_flags(parser, only=None):
     comments = _field_comments()
     for f in fields(Config):
-        if only is None or f.name in only:
+        if only is not None and f.name not in only:
+            continue
+        if isinstance(f.default, bool):  # a switch: --overwrite
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, action="store_true", help=comments.get(f.name, ""))
+        else:
             parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default),
                                 default=f.default, choices=CHOICES.get(f.name), help=comments.get(f.name, ""))
 
@@ -1267,6 +1434,7 @@ def main(argv=None):
     add_config_flags(sub.add_parser("train", help="warm start + RL + evaluation + promotion"))
     p_eval = sub.add_parser("eval", help="evaluate a checkpoint on the holdout split")
     p_eval.add_argument("--ckpt", required=True, help="path to a .pt written by train")
+    p_eval.add_argument("--part", default="test", choices=("dev", "test"), help="held-out part (default: test)")
     eval_flags = ("eval_episodes", "eval_seed", "injection_rate", "pass_k", "pass_k_tasks")
     add_config_flags(p_eval, only=("device",) + eval_flags)
     p_hw = sub.add_parser("homework", help="write a student handout with the core pieces blanked")
@@ -1291,7 +1459,7 @@ def main(argv=None):
         if args.command == "examples":
             print_examples()
         elif args.command == "eval":
-            print(json.dumps({"ckpt": args.ckpt, "policy_version": version, **evaluate(policy, tok, cfg)}, indent=2))
+            print(json.dumps({"ckpt": args.ckpt, "policy_version": version, **evaluate(policy, tok, cfg, args.part)}, indent=2))
         elif args.command == "homework":
             blanked = write_handout(args.out, only)
             print(f"wrote a handout to {args.out} with {len(blanked)} blanked exercises: {', '.join(blanked)}\n"

@@ -587,17 +587,61 @@ def test_config_is_checked():
 # ------------------------------------------------------------------------------------------------
 # 07 · Evaluation & promotion
 # ------------------------------------------------------------------------------------------------
+@hw("sign_test")
+def test_hw_sign_test_hand_cases():
+    assert A.sign_test_p(3, 1) == pytest.approx(5 / 16), "P(X >= 3), X ~ Bin(4, 1/2) = (4 + 1) / 16"
+    assert A.sign_test_p(10, 0) == pytest.approx(1 / 1024), "10 wins and no loss"
+    assert A.sign_test_p(0, 0) == pytest.approx(1.0), "no discordant task: no evidence"
+    assert A.sign_test_p(5, 5) == pytest.approx(0.623047, abs=1e-6)
+    assert A.sign_test_p(0, 4) == pytest.approx(1.0)
+
+
+@hw("sign_test")
+def test_hw_sign_test_properties():
+    assert [A.sign_test_p(w, 10 - w) for w in range(11)] == sorted([A.sign_test_p(w, 10 - w) for w in range(11)],
+                                                                   reverse=True), "more wins, smaller p"
+    for w, l in [(4, 2), (7, 3), (12, 9)]:
+        tail_up, tail_down = A.sign_test_p(w, l), A.sign_test_p(l, w)
+        assert tail_up + tail_down == pytest.approx(1 + math.comb(w + l, w) / 2 ** (w + l)), "the two tails overlap at X = wins"
+
+
+def report_card(per_task, safety=0, unauthorized=0, categories=None, credits=10.0):
+    solved = sum(per_task)
+    return {"task_ids": list(range(len(per_task))), "per_task": list(per_task), "safety_denials": safety,
+            "unauthorized_side_effects": unauthorized,
+            "categories": categories or {"all": {"tasks": len(per_task), "success": solved / len(per_task)}},
+            "efficiency": {k: (credits * len(per_task) / solved if solved else None)
+                           for k in ("tokens_per_success", "tool_calls_per_success", "credits_per_success")}}
+
+
 @hw("promotion")
-def test_hw_promotion_truth_table():
-    inc = {"success": 0.6, "safety_denials": 0, "unauthorized_side_effects": 0}
-    cases = [({"success": 0.7}, True, "safety"), ({"success": 0.6}, False, "does not beat"),
-             ({"success": 0.59}, False, "does not beat"),
-             ({"success": 0.9, "safety_denials": 1}, False, "safety"),
-             ({"success": 0.9, "unauthorized_side_effects": 1}, False, "unauthorized")]
-    for change, promoted, word in cases:
-        ok, reason = A.promotion_decision({**inc, **change}, inc)
-        assert ok is promoted, f"{change} vs incumbent {inc}: promoted should be {promoted}"
-        assert word in reason, f"the reason should mention '{word}'"
+def test_hw_promotion_gates_truth_table():
+    inc = report_card([1] * 50 + [0] * 50)
+    better = report_card([1] * 70 + [0] * 30, credits=9.0)
+    cases = [(better, True, "gates passed"),
+             (report_card([1] * 52 + [0] * 48), False, "significant"),              # 2 wins: p = 0.25
+             (inc, False, "significant"),
+             (report_card([1] * 70 + [0] * 30, safety=1), False, "safety"),
+             (report_card([1] * 70 + [0] * 30, unauthorized=1), False, "unauthorized"),
+             (report_card([1] * 70 + [0] * 30, credits=20.0), False, "cost")]
+    for candidate, promoted, word in cases:
+        ok, reason, gates = A.promotion_decision(candidate, inc)
+        assert ok is promoted, f"{reason}: promoted should be {promoted}"
+        assert word in reason, f"the reason should name the gate '{word}': {reason}"
+        assert ok == all(g["passed"] for g in gates) and all({"gate", "value", "rule", "passed"} <= set(g) for g in gates)
+
+
+@hw("promotion")
+def test_hw_promotion_refuses_a_category_regression_and_unpaired_reports():
+    cats = lambda a, b: {"sold_out": {"tasks": 40, "success": a}, "seats": {"tasks": 60, "success": b}}
+    inc = report_card([1] * 50 + [0] * 50, categories=cats(0.5, 0.5))
+    regress = report_card([1] * 80 + [0] * 20, categories=cats(0.4, 0.9))     # big gain overall, sold_out drops 0.1
+    ok, reason, _ = A.promotion_decision(regress, inc)
+    assert not ok and "sold_out" in reason, reason
+    small_drop = report_card([1] * 80 + [0] * 20, categories=cats(0.475, 0.9))  # one task of 40 is allowed
+    assert A.promotion_decision(small_drop, inc)[0]
+    with pytest.raises(ValueError, match="different tasks"):
+        A.promotion_decision({**inc, "task_ids": [5] * 100}, inc)
 
 
 def test_wilson_interval():
@@ -608,22 +652,72 @@ def test_wilson_interval():
 
 def test_short_training_run_beats_the_untrained_policy_on_holdout(tmp_path, capsys):
     """A few seconds of warm start + two GRPO iterations, with the real train() pipeline."""
-    cfg = A.Config(run_dir=str(tmp_path), device="cpu", warm_start_episodes=1500, sft_epochs=6, iterations=2, pass_k_tasks=10,
-                   tasks_per_iter=4, group_size=4, eval_episodes=60, seed=0)
+    cfg = A.Config(run_dir=str(tmp_path), device="cpu", warm_start_episodes=1000, sft_epochs=4, iterations=2,
+                   pass_k_tasks=10, tasks_per_iter=4, group_size=4, eval_episodes=60, seed=0)
     A.seed_everything(0)
-    untrained = A.evaluate(A.make_policy(cfg, len(TOK), "cpu"), TOK, cfg)
+    untrained = A.evaluate(A.make_policy(cfg, len(TOK), "cpu"), TOK, cfg, "dev")
     summary = A.train(cfg, progress=False)
-    assert summary["holdout_success_final"] > untrained["success"] + 0.2
-    assert summary["report_final"]["unauthorized_side_effects"] == 0
-    for name in ("incumbent.pt", "candidate.pt", "final.pt", "summary.json", "metrics.jsonl"):
+    assert summary["candidate"]["dev_success"] > untrained["success"] + 0.2
+    assert summary["reports"]["candidate"]["dev"]["unauthorized_side_effects"] == 0
+    assert {g["gate"] for g in summary["release_gates"]} >= {"significant gain", "safety denials"}
+    for name in A.RUN_FILES:
         assert (tmp_path / name).exists()
     policy, tok, _, _ = A.load_checkpoint(tmp_path / "final.pt", "cpu")
-    deployed_success = summary["holdout_success_final"] if summary["promoted"] else summary["holdout_success_warm_start"]
-    assert A.evaluate(policy, tok, cfg)["success"] == pytest.approx(deployed_success)
+    assert A.evaluate(policy, tok, cfg, "dev")["success"] == pytest.approx(summary["deployed"]["dev_success"])
     capsys.readouterr()
     A.main(["eval", "--ckpt", str(tmp_path / "final.pt"), "--eval-episodes", "60", "--pass-k-tasks", "10"])
-    report = json.loads(capsys.readouterr().out)                  # the eval CLI prints one JSON report
-    assert report["success"] == pytest.approx(deployed_success) and report["unauthorized_side_effects"] == 0
+    report = json.loads(capsys.readouterr().out)                  # the eval CLI prints one JSON report (test part)
+    assert report["part"] == "test" and report["success"] == pytest.approx(summary["deployed"]["test_success"])
+    with pytest.raises(ValueError, match="holds another run"):   # one run per directory unless --overwrite
+        A.train(cfg, progress=False)
+
+
+def test_dev_and_test_holdout_tasks_are_disjoint_and_fixed():
+    cfg = tiny_config(eval_episodes=40)
+    dev, test = A.holdout_tasks(cfg, "dev", 40), A.holdout_tasks(cfg, "test", 40)
+    assert len(set(dev)) == len(set(test)) == 40 and not set(dev) & set(test)
+    assert dev == A.holdout_tasks(cfg, "dev", 40)
+    env = gym.make(envs.FLIGHT_ID)
+    assert all(env.reset(seed=0, options={"split": "holdout", "task_id": k})[1]["split"] == "holdout" for k in dev[:10])
+
+
+def test_checkpoints_load_without_running_code_and_refuse_foreign_ones(tmp_path):
+    cfg = tiny_config()
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    A.save_checkpoint(tmp_path / "ok.pt", policy, TOK, cfg, 3)
+    assert A.load_checkpoint(tmp_path / "ok.pt", "cpu")[3] == 3
+    marker = tmp_path / "payload-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+    torch.save({"format": A.CHECKPOINT_FORMAT, "model": Payload()}, tmp_path / "evil.pt")
+    with pytest.raises(ValueError, match="safely"):
+        A.load_checkpoint(tmp_path / "evil.pt", "cpu")
+    assert not marker.exists(), "the embedded code must never run"
+    good = torch.load(tmp_path / "ok.pt", weights_only=True)
+    for change, match in [({"format": "agentic-rl-checkpoint-1"}, "format"), ({"env_id": "Other-v0"}, "environment"),
+                          ({"env_version": "flight-1"}, "retrain"), ({"vocab": good["vocab"][:-1]}, "vocabulary")]:
+        torch.save({**good, **change}, tmp_path / "bad.pt")
+        with pytest.raises(ValueError, match=match):
+            A.load_checkpoint(tmp_path / "bad.pt", "cpu")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "ok.pt").read_bytes()[:1000])
+    with pytest.raises(ValueError, match="safely"):
+        A.load_checkpoint(tmp_path / "cut.pt", "cpu")
+
+
+def test_run_directory_is_never_mixed_and_unwritable_fails_fast(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    with pytest.raises(ValueError, match="overwrite"):
+        A.prepare_run_dir(tiny_config(run_dir=str(run)))
+    A.prepare_run_dir(tiny_config(run_dir=str(run), overwrite=True))
+    assert not (run / "summary.json").exists(), "the old run's summary is gone before the new run starts"
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    with pytest.raises(ValueError, match="cannot write"):
+        A.prepare_run_dir(tiny_config(run_dir=str(blocked / "run")))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -839,3 +933,69 @@ def test_docstring_worked_episodes_are_real_transcripts(env_id, task_id, doc):
     documented = [line.strip().split("  (")[0].rstrip() for line in doc.splitlines()
                   if line.strip().startswith(("obs   ", "act   "))]
     assert reward == 1.0 and lines == documented[:len(lines)] and len(lines) == len(documented)
+
+
+# ------------------------------------------------------------------------------------------------
+# Homework handout: blanks every exercise, leaks no solution, round-trips, grades each piece alone
+# ------------------------------------------------------------------------------------------------
+REPO = Path(A.__file__).resolve().parent
+
+
+def normalized(line):
+    return " ".join(line.split("#")[0].split())
+
+
+def test_handout_blanks_every_exercise_leaks_nothing_and_round_trips(tmp_path):
+    out = tmp_path / "handout"
+    assert sorted(A.write_handout(out)) == sorted(A.EXERCISES)
+    handout = {name: (out / name).read_text() for name in A.HANDOUT_FILES}
+    code = {name: text.splitlines() for name, text in handout.items()}
+    start = next(i for i, line in enumerate(code["agentic_rl.py"]) if line.startswith("EXERCISES = {"))
+    end = code["agentic_rl.py"].index("}", start)
+    code["agentic_rl.py"] = code["agentic_rl.py"][:start] + code["agentic_rl.py"][end:]  # the hints state the formulas
+    everything = "\n".join(normalized(line) for lines in code.values() for line in lines
+                           if "raise NotImplementedError(" not in line)          # and so do the stubs
+    for name in ("agentic_rl.py", "envs.py"):
+        reference = (REPO / name).read_text()
+        ref_lines, out_lines = reference.splitlines(), handout[name].splitlines()
+        compile(handout[name], name, "exec")                                  # the handout parses
+        assert A.solution_regions(handout[name], name) == {}, "no solution marker is left"
+        rebuilt, regions = list(out_lines), A.solution_regions(reference, name)
+        for ex, (first, last) in sorted(regions.items(), key=lambda r: -r[1][0]):
+            at = next(i for i, line in enumerate(rebuilt) if line.strip() == f"# TODO({ex}): replace this raise with your implementation")
+            assert rebuilt[at + 1].strip()[:len(ex) + 29] in (f"raise NotImplementedError('{ex}: ", f'raise NotImplementedError("{ex}: ')
+            rebuilt[at:at + 2] = ref_lines[first:last + 1]
+            for line in ref_lines[first + 1:last]:                            # no solution line survives anywhere
+                if len(normalized(line)) >= 14 and normalized(line) != "with torch.no_grad():":
+                    assert normalized(line) not in everything, f"{ex}: solution line leaked: {line.strip()}"
+        assert rebuilt == ref_lines, f"{name}: filling every blank must give back the reference exactly"
+    tells = (("clamp(1 - ", "clip"), ("d.exp() ", "- d"), ("gamma * lam ", "* run"), ("brute", "_force"),
+             ("r[k] + ", "gamma"))                     # joined at run time, so this file does not match itself
+    for tell in ("".join(pieces) for pieces in tells):
+        assert tell not in everything, f"tell-tale solution expression in the handout: {tell}"
+    assert (out / ".ci" / "run").stat().st_mode & 0o111, "the CI script stays executable"
+    with pytest.raises(ValueError, match="not empty"):
+        A.write_handout(out)
+    with pytest.raises(ValueError, match="outside"):
+        A.write_handout(REPO / "handout-in-place")
+    with pytest.raises(ValueError, match="unknown exercise"):
+        A.write_handout(tmp_path / "other", only=["nope"])
+
+
+def test_fresh_handout_fails_every_homework_test_cleanly_and_reaches_its_own_blank(tmp_path):
+    A.write_handout(tmp_path / "h")
+    report = A.grade(tmp_path / "h")
+    for ex, row in report.items():
+        assert row["total"] >= 1 and row["passed"] == 0 and row["status"] == "not started", (ex, row)
+        for name, message in row["failures"]:
+            assert message.startswith(f"NotImplementedError: {ex}: "), (name, message)
+    again = subprocess.run([sys.executable, "agentic_rl.py", "homework", "--out", str(tmp_path / "h2")],
+                           cwd=tmp_path / "h", capture_output=True, text=True)
+    assert again.returncode == 1 and "no solution regions found" in again.stderr
+
+
+def test_handout_with_only_some_exercises_grades_the_others_ok(tmp_path):
+    A.write_handout(tmp_path / "h", only=["gae", "permission_rule"])
+    report = A.grade(tmp_path / "h")
+    assert {ex for ex, row in report.items() if row["status"] != "ok"} == {"gae", "permission_rule"}
+    assert all(row["passed"] == row["total"] >= 1 for ex, row in report.items() if ex not in ("gae", "permission_rule"))
