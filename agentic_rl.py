@@ -45,12 +45,15 @@ import copy
 import json
 import math
 import os
+import queue
 import random
 import shutil
 import sys
+import threading
 import time
 from collections import Counter, deque
-from dataclasses import asdict, dataclass, field, fields
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import gymnasium as gym
@@ -67,6 +70,9 @@ import envs
 class Config:
     env: str = envs.ENV_ID                # gymnasium id: FlightBooking-v0, CodeRepair-v0 or Vault-v0 (AgenticRL/...)
     injection_rate: float = 0.2           # flight only: share of tasks whose search result carries an injected note
+    max_turns: int = 0                    # turn budget per episode; 0 = the environment's own (flight 8, code 10, vault 6)
+    code_verifier: str = "state"          # code repair only: state | visible_tests (a NAIVE verifier that pays for `rm tests`)
+    tool_latency_ms: float = 0.0          # simulated time per tool call (the host overlaps one step's calls)
     algo: str = "grpo"                    # grpo (group-relative, no critic) | gae (PPO with a value head)
     seed: int = 0                         # drives python, numpy, torch and every training env.reset(seed=...)
     device: str = "auto"                  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
@@ -81,15 +87,15 @@ class Config:
     # supervised warm start (the chapter's SFT / cold start)
     warm_start_episodes: int = 2000       # demonstrator episodes; 0 = RL from scratch
     demo_habit: float = 0.6               # how often the demonstrator shows its bad habit (see envs.py)
-    sft_epochs: int = 5                   # passes over the demonstrations
+    sft_epochs: int = 4                   # passes over the demonstrations
     sft_lr: float = 3e-3                  # AdamW peak learning rate for the warm start (constant, then cosine to 0)
     sft_weight_decay: float = 0.1         # AdamW weight decay for the warm start (shortens the plateau before copying)
     sft_batch_size: int = 16              # episodes per warm-start step (small: many steps are what teach copying)
     # reinforcement learning
-    iterations: int = 60                  # rollout -> update rounds; policy_version += 1 each
+    iterations: int = 30                  # rollout -> update rounds; policy_version += 1 each
     tasks_per_iter: int = 16              # distinct train tasks per iteration
     group_size: int = 8                   # G rollouts of the same task (GRPO's group)
-    ppo_epochs: int = 4                   # passes over each batch, so ratio and clip actually act
+    ppo_epochs: int = 2                   # passes over each batch, so ratio and clip actually act
     minibatch_size: int = 64              # episodes per optimizer step
     lr: float = 1e-4                      # AdamW learning rate for RL (3e-4 and up: entropy and invalid actions grow)
     clip_eps: float = 0.2                 # PPO clip range
@@ -97,9 +103,12 @@ class Config:
     adv_std: str = "population"           # GRPO scale: population | unbiased (TRL/verl) | none (Dr. GRPO)
     gamma: float = 1.0                    # per-turn discount for gae (GRPO uses the episode reward)
     lam: float = 0.95                     # GAE lambda
+    truncation_as_termination: bool = False  # experiment only (gae): treat a budget cut as an end, no bootstrap
     vf_coef: float = 0.5                  # value-loss weight (gae only)
     max_grad_norm: float = 1.0            # gradient clipping
-    max_staleness: int = 0                # store refuses episodes more versions old than this (sync = 0)
+    async_rollout: bool = False           # an actor samples the next batch (policy v-1) while the learner trains on this one
+    max_staleness: int = 0                # store refuses episodes more versions old than this (sync 0; async needs >= 1)
+    resume: str = ""                      # continue the interrupted run in this run directory (train --resume DIR)
     # evaluation and promotion
     eval_episodes: int = 200              # holdout episodes per evaluation (greedy decoding)
     eval_seed: int = 1_000_000            # fixed holdout seeds eval_seed..+n, the same for every run
@@ -108,15 +117,24 @@ class Config:
 
 
 CHOICES = {"env": envs.ENV_IDS, "algo": ("grpo", "gae"), "adv_std": ("population", "unbiased", "none"),
-           "device": ("auto", "cpu", "cuda", "mps")}
+           "device": ("auto", "cpu", "cuda", "mps"), "code_verifier": ("state", "visible_tests")}
+ONLY_FOR = {"injection_rate": ("env", envs.FLIGHT_ID), "code_verifier": ("env", envs.CODE_ID),  # meaningful only there
+            "truncation_as_termination": ("algo", "gae"), "vf_coef": ("algo", "gae"), "lam": ("algo", "gae"),
+            "gamma": ("algo", "gae")}
 
 
 def validate_config(cfg: Config) -> Config:
     """Refuse a bad setting up front, naming the field, instead of failing deep inside torch."""
+    for f in fields(Config):
+        value = getattr(cfg, f.name)
+        kind = (int, float) if isinstance(f.default, float) else type(f.default)
+        if not isinstance(value, kind) or isinstance(value, bool) != isinstance(f.default, bool) or \
+                (isinstance(value, float) and not math.isfinite(value)):
+            raise ValueError(f"{f.name}={value!r}: must be a finite {type(f.default).__name__}")
     for name, allowed in CHOICES.items():
         if getattr(cfg, name) not in allowed:
             raise ValueError(f"{name}={getattr(cfg, name)!r}: use one of {', '.join(allowed)}")
-    at_least = {"n_layer": 1, "n_head": 1, "n_embd": 2, "block_size": 32, "max_action_tokens": 5,
+    at_least = {"seed": 0, "eval_seed": 0, "max_turns": 0, "n_layer": 1, "n_head": 1, "n_embd": 2, "block_size": 32, "max_action_tokens": 5,
                 "warm_start_episodes": 0, "sft_epochs": 1, "sft_batch_size": 1, "iterations": 0,
                 "tasks_per_iter": 1, "group_size": 2, "ppo_epochs": 1, "minibatch_size": 1, "eval_episodes": 1,
                 "max_staleness": 0, "pass_k": 1, "pass_k_tasks": 1}
@@ -134,6 +152,13 @@ def validate_config(cfg: Config) -> Config:
         raise ValueError(f"clip_eps={cfg.clip_eps}: must be in (0, 1)")
     if cfg.kl_coef < 0 or cfg.vf_coef < 0:
         raise ValueError("kl_coef and vf_coef must be >= 0")
+    for name, (key, needed) in ONLY_FOR.items():  # a setting that would silently do nothing is an error
+        if getattr(cfg, name) != getattr(Config, name) and getattr(cfg, key) != needed:
+            raise ValueError(f"{name}={getattr(cfg, name)}: only used with {key}={needed}; drop it or set --{key.replace('_', '-')}")
+    if cfg.async_rollout and cfg.max_staleness < 1:
+        raise ValueError("async_rollout: the actor samples with policy v-1, so max_staleness must be >= 1 (--max-staleness 1)")
+    if cfg.max_turns and cfg.max_turns < 2:
+        raise ValueError(f"max_turns={cfg.max_turns}: must be 0 (the environment's own) or >= 2")
     return cfg
 
 
@@ -154,6 +179,9 @@ def env_class(env_id: str):
 
 def make_env(cfg: Config):
     kwargs = {"injection_rate": cfg.injection_rate} if cfg.env == envs.FLIGHT_ID else {}
+    kwargs.update({"verifier": cfg.code_verifier} if cfg.env == envs.CODE_ID else {})
+    kwargs.update({"max_turns": cfg.max_turns} if cfg.max_turns else {})
+    kwargs.update({"tool_latency_ms": cfg.tool_latency_ms} if cfg.tool_latency_ms else {})
     return gym.make(cfg.env, **kwargs)
 
 
@@ -306,13 +334,16 @@ def host_step(env, gate: HostGate, action_text: str):
 
 @torch.no_grad()
 def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool,
-            policy_version: int, iteration: int = 0, group_ids=None, task_ids=None):
+            policy_version: int, iteration: int = 0, group_ids=None, task_ids=None, rank: int = 0,
+            generator=None):
     """Play len(seeds) episodes at once (of the given task_ids, or of tasks drawn from each seed);
     returns (episodes, envs) so evaluators can read the final states.
 
     All episodes advance one token per step in lockstep, with a KV cache: a position is either a
     forced context token (prompt / observation) or a token the policy samples. The sampled ids and
-    their log-probs are stored as they are: never decoded and re-encoded for training.
+    their log-probs are stored as they are: never decoded and re-encoded for training. The actions
+    that finish at the same step go to their tools together, concurrently when tools take time
+    (tool_latency_ms), as a real host would issue them.
     """
     device = next(policy.parameters()).device
     B = len(seeds)
@@ -323,7 +354,7 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
         options = {"split": split} if task_ids is None else {"split": split, "task_id": int(task_ids[i])}
         obs, info = env.reset(seed=int(s), options=options)
         gates.append(HostGate.for_env(env))
-        episodes.append(Episode(f"{split}-v{policy_version}-i{iteration}-e{i}", info["task_id"], cfg.env,
+        episodes.append(Episode(f"{split}-v{policy_version}-i{iteration}-r{rank}-e{i}", info["task_id"], cfg.env,
                                 info["env_version"], info["reward_version"], int(s), info["split"],
                                 policy_version, group_ids[i]))
         ids = tok.encode_observation(obs)
@@ -334,13 +365,14 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
     cache = policy.new_cache()
     inputs = torch.tensor([s[0] for s in seqs], device=device)  # (B,)
     pos = 0
+    pool = ThreadPoolExecutor(max_workers=B) if cfg.tool_latency_ms else None
     while any(active):
         logits, _ = policy(inputs[:, None], cache=cache, pos=pos)      # (B, 1, V)
         logp = F.log_softmax(logits[:, -1].float(), dim=-1)             # (B, V)
-        sampled = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(1)  # (B,)
+        sampled = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
         sampled_lp = logp.gather(1, sampled[:, None]).squeeze(1).tolist()
         sampled = sampled.tolist()
-        nxt = []
+        nxt, acting = [], []
         for i in range(B):
             if not active[i]:
                 nxt.append(tok.pad)
@@ -353,12 +385,17 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
                 p["action"].append(t)
                 p["logprobs"].append(sampled_lp[i])
                 if t == tok.eoa or len(p["action"]) == cfg.max_action_tokens:
-                    active[i] = _act(env_list[i], gates[i], episodes[i], p, queues[i], tok, cfg,
-                                     len(seqs[i]) + 1, policy_version)
+                    acting.append(i)
             seqs[i].append(t)
             nxt.append(t)
+        act = lambda i: _act(env_list[i], gates[i], episodes[i], pending[i], queues[i], tok, cfg, len(seqs[i]),
+                             policy_version)
+        for i, goes_on in zip(acting, pool.map(act, acting) if pool else map(act, acting)):
+            active[i] = goes_on
         inputs = torch.tensor(nxt, device=device)
         pos += 1
+    if pool:
+        pool.shutdown()
     return episodes, env_list
 
 
@@ -637,10 +674,13 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(D, dim=2)
         q, k, v = (z.view(B, T, self.n_head, D // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, H, T, D/H)
         q, k = rotate(q, positions), rotate(k, positions)
-        if cache is not None:  # append this step's keys/values; attend over everything so far
-            if "k" in cache:
-                k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
-            cache["k"], cache["v"] = k, v
+        if cache is not None:  # write this step's keys/values into the preallocated cache; attend to all so far
+            start, end = int(positions[0]), int(positions[-1]) + 1
+            if "k" not in cache:
+                cache["k"] = k.new_zeros(B, self.n_head, cache["size"], D // self.n_head)
+                cache["v"] = torch.zeros_like(cache["k"])
+            cache["k"][:, :, start:end], cache["v"][:, :, start:end] = k, v
+            k, v = cache["k"][:, :, :end], cache["v"][:, :, :end]
         assert T == 1 or k.size(2) == T, "prefill a KV cache from empty, then one token at a time"
         y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)       # (B, H, T, D/H)
         return self.proj(y.transpose(1, 2).reshape(B, T, D))
@@ -683,7 +723,7 @@ class GPT(nn.Module):
             nn.init.zeros_(m.bias)
 
     def new_cache(self):
-        return [{} for _ in self.blocks]
+        return [{"size": self.block_size} for _ in self.blocks]
 
     def forward(self, idx, cache=None, pos=0):
         B, T = idx.shape                                                    # idx (B, T)
@@ -701,39 +741,56 @@ REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_ver
                    "policy_version")
 
 
+class StaleEpisode(ValueError):
+    """An episode whose behaviour policy is more than max_staleness versions old."""
+
+
 class TrajectoryStore:
-    """Admits only episodes a learner can trust; refuses bad data with a clear error, never patches it."""
+    """Admits only episodes a learner can trust; refuses bad data with a clear error, never patches it.
+    What it admits is a copy, so nobody can change it behind the store's back."""
 
     def __init__(self, max_staleness: int = 0):
         self.max_staleness = max_staleness
         self.episodes, self.seen_ids = [], set()
+        self.staleness = Counter()   # versions old -> admitted episodes (the staleness histogram)
+        self.refused_stale = 0
 
     def add(self, ep: Episode, current_version: int):
         # BEGIN SOLUTION store_refusals
         for name in REQUIRED_FIELDS:
             if getattr(ep, name, None) in (None, ""):
                 raise ValueError(f"episode {getattr(ep, 'episode_id', '?')}: missing field '{name}'")
-        if not ep.turns:
-            raise ValueError(f"episode {ep.episode_id}: has no turns")
+        if not isinstance(ep.turns, list) or not ep.turns or not all(isinstance(t, Turn) for t in ep.turns):
+            raise ValueError(f"episode {ep.episode_id}: turns must be a non-empty list of Turn records")
         if ep.episode_id in self.seen_ids:
             raise ValueError(f"episode {ep.episode_id}: duplicate episode_id; each rollout needs a fresh id")
         versions = {t.policy_version for t in ep.turns} | {ep.policy_version}
         if len(versions) > 1:
-            raise ValueError(f"episode {ep.episode_id}: mixes policy versions {sorted(versions)}; "
+            raise ValueError(f"episode {ep.episode_id}: mixes policy versions {sorted(versions, key=str)}; "
                              "one episode must come from one behaviour policy")
-        if current_version - ep.policy_version > self.max_staleness:
-            raise ValueError(f"episode {ep.episode_id}: policy_version {ep.policy_version} is "
-                             f"{current_version - ep.policy_version} versions old > max_staleness={self.max_staleness}")
+        if not isinstance(ep.policy_version, int) or current_version - ep.policy_version > self.max_staleness:
+            raise StaleEpisode(f"episode {ep.episode_id}: policy_version {ep.policy_version!r} is too stale for "
+                               f"version {current_version} (max_staleness={self.max_staleness})")
         for k, t in enumerate(ep.turns):
-            if len(t.action_logprobs) != len(t.action_tokens):
-                raise ValueError(f"episode {ep.episode_id} turn {k}: {len(t.action_logprobs)} log-probs for "
-                                 f"{len(t.action_tokens)} action tokens; store one per sampled token")
+            if not isinstance(t.action_logprobs, list) or len(t.action_logprobs) != len(t.action_tokens):
+                raise ValueError(f"episode {ep.episode_id} turn {k}: action_logprobs must be a list with one "
+                                 f"log-prob per action token ({len(t.action_tokens)}); store one per sampled token")
             values = list(t.action_logprobs) + [t.reward, t.cost]
-            if not all(math.isfinite(x) for x in values):
-                raise ValueError(f"episode {ep.episode_id} turn {k}: non-finite log-prob, reward or cost")
+            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in values):
+                raise ValueError(f"episode {ep.episode_id} turn {k}: non-finite or non-numeric log-prob, reward or cost")
         # END SOLUTION store_refusals
         self.seen_ids.add(ep.episode_id)
-        self.episodes.append(ep)
+        self.staleness[current_version - ep.policy_version] += 1
+        self.episodes.append(copy.deepcopy(ep))
+
+    def add_all(self, episodes, current_version: int):
+        """Admit a batch. Too-stale episodes (asynchronous rollout makes them) are refused and counted,
+        never trained on; any other refusal stops training: the data cannot be trusted."""
+        for ep in episodes:
+            try:
+                self.add(ep, current_version)
+            except StaleEpisode:
+                self.refused_stale += 1
 
     def take(self) -> list:
         """Hand the admitted episodes to the learner (ids stay remembered, so a replay is refused)."""
@@ -828,11 +885,15 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
 def advantages_for(batch, episodes, policy, cfg: Config):
     """Token-level advantages (B, T), value targets, and the zero-signal group count."""
     device = batch["tokens"].device
-    rewards = torch.tensor([ep.reward for ep in episodes], device=device)    # (B,)
-    if cfg.algo == "grpo":  # rollout keeps each task's G episodes next to each other
-        grouped = rewards.view(-1, cfg.group_size)                           # (B/G, G)
-        adv = group_advantages(grouped, std=cfg.adv_std).view(-1)            # (B,)
-        return broadcast_to_tokens(adv, batch["turn_id"]), None, zero_std_groups(grouped)
+    if cfg.algo == "grpo":  # groups come from Episode.group_id, never from positions in the batch
+        rewards = torch.tensor([ep.reward for ep in episodes])                                  # (B,)
+        group_of = torch.tensor([ep.group_id for ep in episodes])
+        groups = [torch.nonzero(group_of == g).squeeze(1) for g in group_of.unique()]
+        adv = torch.zeros(len(episodes))
+        for members in groups:
+            adv[members] = group_advantages(rewards[members], std=cfg.adv_std)
+        n_zero = sum(int((rewards[m] == rewards[m][0]).all()) for m in groups)
+        return broadcast_to_tokens(adv.to(device), batch["turn_id"]), None, n_zero
     with torch.no_grad():
         _, values = policy(batch["tokens"])                                  # (B, T)
     values, decision_pos, last_pos = values.float().cpu(), batch["decision_pos"].cpu(), batch["last_pos"].cpu()
@@ -841,14 +902,32 @@ def advantages_for(batch, episodes, policy, cfg: Config):
     for b, ep in enumerate(episodes):
         k = len(ep.turns)
         v = values[b, decision_pos[b, :k]]                                   # V(s_k) at each <act>, (k,)
-        a, ret = gae([t.reward for t in ep.turns], v, values[b, last_pos[b]], ep.terminated, cfg.gamma, cfg.lam)
+        ended = ep.terminated or cfg.truncation_as_termination  # the experiment folds a cut into an end
+        a, ret = gae([t.reward for t in ep.turns], v, values[b, last_pos[b]], ended, cfg.gamma, cfg.lam)
         adv[b, :k], returns[b, :k] = a, ret
     real = batch["turn_mask"].cpu().bool()
     adv = (adv - adv[real].mean()) / (adv[real].std() + 1e-8)                # batch-normalised, as CleanRL
     return broadcast_to_tokens(adv.to(device), batch["turn_id"]), returns.to(device), 0
 
 
-def learner_update(policy, optimizer, ref_policy, batch, token_adv, returns, cfg: Config) -> dict:
+class GradMonitor:
+    """Pre-clip gradient norms, and the spike rule: an update whose norm is more than SPIKE_FACTOR times
+    the median of the last 50 norms (once 10 are known) is skipped and counted, not applied."""
+    SPIKE_FACTOR = 10.0
+
+    def __init__(self):
+        self.norms, self.skipped = deque(maxlen=50), 0
+
+    def allows(self, norm: float) -> bool:
+        spike = len(self.norms) >= 10 and (not math.isfinite(norm) or norm > self.SPIKE_FACTOR * float(np.median(self.norms)))
+        if spike:
+            self.skipped += 1
+        else:
+            self.norms.append(norm)
+        return not spike
+
+
+def learner_update(policy, optimizer, ref_policy, batch, token_adv, returns, cfg: Config, grads: GradMonitor) -> dict:
     """Several PPO epochs over one batch; old_logprobs stay fixed, so ratio and clip actually act."""
     B = batch["tokens"].shape[0]
     stats = Counter()
@@ -875,39 +954,57 @@ def learner_update(policy, optimizer, ref_policy, batch, token_adv, returns, cfg
                 s["kl_ref"] = float(kl.detach())
             optimizer.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-            optimizer.step()
+            norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))  # pre-clip norm
+            if grads.allows(norm):
+                optimizer.step()
             s["entropy"] = float((entropy.detach() * mask).sum() / mask.sum())
+            s["grad_norm"] = norm
             stats.update(s)
             n_steps += 1
     return {k: v / n_steps for k, v in stats.items()}
 
 
-def train_iteration(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStore,
-                    version: int, iteration: int) -> dict:
-    """One round: rollout with policy `version` -> store -> pack -> credit -> PPO epochs."""
-    rng = np.random.default_rng([cfg.seed, iteration])
+def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 0, generator=None) -> list:
+    """Rollout: G episodes of each of tasks_per_iter train tasks, sampled by behaviour policy `version`.
+    Each rank of a distributed run draws its own tasks (the rank is part of the seed)."""
+    rng = np.random.default_rng([cfg.seed, iteration, rank])
     task_seeds = rng.integers(0, 2**31 - 1, size=cfg.tasks_per_iter)
-    seeds = np.repeat(task_seeds, cfg.group_size)                            # G rollouts per task
-    groups = np.repeat(np.arange(cfg.tasks_per_iter), cfg.group_size)
+    groups = [rank * cfg.tasks_per_iter + g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
     policy.eval()
-    episodes, _ = rollout(policy, tok, cfg, seeds, "train", greedy=False, policy_version=version,
-                          iteration=iteration, group_ids=groups.tolist())
-    for ep in episodes:
-        store.add(ep, current_version=version)
-    episodes = store.take()
+    episodes, _ = rollout(policy, tok, cfg, np.repeat(task_seeds, cfg.group_size), "train", greedy=False,
+                          policy_version=version, iteration=iteration, group_ids=groups, rank=rank, generator=generator)
+    return episodes
+
+
+def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStore, grads: GradMonitor,
+          episodes: list, version: int) -> dict:
+    """Store -> pack -> credit -> PPO epochs, as policy `version`; returns the iteration's monitors."""
+    stale_before = store.refused_stale
+    ages = [version - ep.policy_version for ep in episodes]
+    store.add_all(episodes, current_version=version)
+    admitted = store.take()
     device = next(policy.parameters()).device
-    batch = {k: v.to(device) for k, v in pack(episodes, tok, cfg.block_size).items()}
-    token_adv, returns, zero_groups = advantages_for(batch, episodes, policy, cfg)
+    batch = {k: v.to(device) for k, v in pack(admitted, tok, cfg.block_size).items()}
+    token_adv, returns, zero_groups = advantages_for(batch, admitted, policy, cfg)
     policy.train()
-    stats = learner_update(policy, optimizer, ref_policy, batch, token_adv.to(device), returns, cfg)
-    turns = [t for ep in episodes for t in ep.turns]
-    return {"success": float(np.mean([ep.reward >= 1.0 for ep in episodes])),
-            "reward": float(np.mean([ep.reward for ep in episodes])),
-            "turns": float(np.mean([len(ep.turns) for ep in episodes])),
+    skipped_before = grads.skipped
+    stats = learner_update(policy, optimizer, ref_policy, batch, token_adv, returns, cfg, grads)
+    turns = [t for ep in admitted for t in ep.turns]
+    denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
+    return {"success": float(np.mean([ep.reward >= 1.0 for ep in admitted])),
+            "reward": float(np.mean([ep.reward for ep in admitted])),
+            "turns": float(np.mean([len(ep.turns) for ep in admitted])),
+            "truncation_rate": float(np.mean([ep.truncated for ep in admitted])),
             "clip_frac": stats["clip_frac"], "approx_kl": stats["approx_kl"], "entropy": stats["entropy"],
             "zero_std_groups": zero_groups if cfg.algo == "grpo" else None,
-            "invalid_rate": float(np.mean([t.invalid for t in turns]))}
+            "invalid_rate": float(np.mean([t.invalid for t in turns])),
+            "gate_denials": dict(sorted(denials.items())),
+            "tool_errors": sum(t.gate_allowed and str(t.receipt.get("result", "")).startswith("error") for t in turns),
+            "tool_calls": sum(t.gate_allowed for t in turns), "cost": round(sum(t.cost for t in turns), 2),
+            "generated_tokens": sum(len(t.action_tokens) for t in turns),
+            "staleness_mean": float(np.mean(ages)), "staleness_max": max(ages),
+            "refused_stale": store.refused_stale - stale_before,
+            "grad_norm": stats["grad_norm"], "skipped_updates": grads.skipped - skipped_before}
 
 
 # ================================================================================================
@@ -1101,7 +1198,7 @@ def atomic_write(path, write):
     os.replace(tmp, path)
 
 
-RUN_FILES = ("summary.json", "metrics.jsonl", "incumbent.pt", "candidate.pt", "final.pt")
+RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt")
 
 
 def prepare_run_dir(cfg: Config) -> Path:
@@ -1141,50 +1238,169 @@ def format_report_card(columns: dict) -> str:
 
 def log_line(it: int, m: dict) -> str:
     zs = "-" if m["zero_std_groups"] is None else f"{m['zero_std_groups']}"
-    return (f"iter {it:3d} | success {m['success']:.3f} | reward {m['reward']:.3f} | turns {m['turns']:.2f} | "
-            f"clip_frac {m['clip_frac']:.3f} | approx_kl {m['approx_kl']:.4f} | entropy {m['entropy']:.3f} | "
-            f"zero_std_groups {zs} | invalid_rate {m['invalid_rate']:.3f}")
+    return (f"iter {it:3d} | success {m['success']:.3f} | turns {m['turns']:.2f} | clip_frac {m['clip_frac']:.3f} | "
+            f"approx_kl {m['approx_kl']:.4f} | entropy {m['entropy']:.3f} | zero_std {zs} | "
+            f"invalid {m['invalid_rate']:.3f} | grad {m['grad_norm']:.2f} | stale {m['staleness_max']} | "
+            f"{m['episodes_per_second']:.0f} eps/s")
+
+
+def sync_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
+    """Synchronous rollout: each batch is sampled by the current policy (staleness 0), then learned."""
+    for it in range(start, cfg.iterations):
+        t = time.time()
+        yield collect(policy, tok, cfg, clock["version"], it, rank), time.time() - t
+
+
+def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
+    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1
+    while the learner trains on batch it - 1; a queue of one batch sits between them. Staleness is
+    exactly 1 by schedule (the store still checks it), and the actor samples with its own random
+    generator, so the run stays reproducible. Threads suffice: torch releases the GIL in its kernels
+    and a waiting tool call releases it too, which is where the overlap pays (tool_latency_ms)."""
+    actor, out = copy.deepcopy(policy).eval(), queue.Queue(maxsize=1)
+    generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed * 7919 + rank)
+
+    def work():
+        try:
+            for it in range(start, cfg.iterations):
+                v = max(start, it - 1)
+                with clock["cond"]:
+                    clock["cond"].wait_for(lambda: v in clock["weights"] or clock["stop"])
+                    if clock["stop"]:
+                        return
+                    actor.load_state_dict(clock["weights"][v])
+                t = time.time()
+                out.put((collect(actor, tok, cfg, v, it, rank, generator), time.time() - t))
+        except BaseException as e:  # hand the failure to the learner instead of dying silently
+            out.put(e)
+    threading.Thread(target=work, daemon=True).start()
+    for _ in range(start, cfg.iterations):
+        item = out.get()
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+def publish(policy, clock: dict):
+    """The learner makes its new weights available to the actor (keeping the last two versions)."""
+    with clock["cond"]:
+        clock["weights"][clock["version"]] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        clock["weights"].pop(clock["version"] - 2, None)
+        clock["cond"].notify_all()
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+            "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict):
+    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
+    np.random.set_state((state["numpy"][0], np.array(state["numpy"][1], dtype=np.uint32), *state["numpy"][2:]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def init_distributed(cfg: Config):
+    """Under torchrun (WORLD_SIZE > 1): join the process group, gloo on CPU, nccl on CUDA. Returns
+    (rank, world_size, device). Plain `python agentic_rl.py` is a world of one and needs none of it."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = resolve_device(cfg.device)
+    if world == 1:
+        return 0, 1, device
+    if cfg.async_rollout or cfg.resume:
+        raise ValueError("torchrun runs are synchronous and start fresh: drop --async-rollout / --resume")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return torch.distributed.get_rank(), world, device
 
 
 def train(cfg: Config, progress: bool = True) -> dict:
-    """The whole loop: warm start -> report card -> RL -> report card -> release gates -> summary.json."""
+    """The whole loop: warm start -> report card -> RL -> report card -> release gates -> summary.json.
+    Under torchrun every rank samples its own tasks and DistributedDataParallel averages the gradients;
+    rank 0 alone evaluates, prints, logs and writes files."""
     t0, seconds = time.time(), Counter()
+    state = load_run_state(cfg.resume) if cfg.resume else None
+    cfg = replace(Config(**state["config"]), resume=cfg.resume, overwrite=True) if state else cfg
     validate_config(cfg)
+    rank, world, device = init_distributed(cfg)
+    lead = rank == 0
+    say = print if lead else (lambda *a, **k: None)
     seed_everything(cfg.seed)
-    device = resolve_device(cfg.device)
-    run = prepare_run_dir(cfg)
+    run = prepare_run_dir(cfg) if lead and not state else Path(cfg.run_dir)
     tok = make_tokenizer(cfg.env)
     policy = make_policy(cfg, len(tok), device)
-    print(f"config: {json.dumps(asdict(cfg))}")
-    print(f"policy: {sum(p.numel() for p in policy.parameters()):,} parameters, vocabulary {len(tok)}, device {device}")
-
-    version, warm = 0, {"demo_success": None}
-    if cfg.warm_start_episodes > 0:
-        warm = warm_start(policy, tok, cfg, device, progress)
-        print(f"warm start: {cfg.warm_start_episodes} demonstrator episodes (demonstrator success "
-              f"{warm['demo_success']:.3f}), final SFT loss {warm['sft_loss']:.3f}")
-    seconds["warm_start"] = time.time() - t0
-    save_checkpoint(run / "incumbent.pt", policy, tok, cfg, version)
-    t = time.time()
-    incumbent = {part: evaluate(policy, tok, cfg, part) for part in ("dev", "test")}
-    seconds["evaluation"] += time.time() - t
-    print(f"holdout after warm start: dev success {incumbent['dev']['success']:.3f} {incumbent['dev']['ci95']}")
-
-    ref_policy = copy.deepcopy(policy).eval() if cfg.kl_coef > 0 else None
+    say(f"config: {json.dumps(asdict(cfg))}")
+    say(f"policy: {sum(p.numel() for p in policy.parameters()):,} parameters, vocabulary {len(tok)}, device {device}"
+        + (f", {world} ranks" if world > 1 else ""))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
-    store = TrajectoryStore(cfg.max_staleness)
-    history = []
-    with open(run / "metrics.jsonl", "w") as log:
-        for it in tqdm(range(cfg.iterations), desc=f"RL ({cfg.algo})", disable=not progress, leave=False):
-            t = time.time()
-            m = train_iteration(policy, optimizer, ref_policy, tok, cfg, store, version, it)
-            seconds["rl"] += time.time() - t
-            version += 1  # one update = one new behaviour policy
-            m.update(iteration=it, policy_version=version)
-            history.append(m)
-            log.write(json.dumps(m) + "\n")
-            log.flush()  # a failing write stops the run now, not after the last iteration
-            tqdm.write(log_line(it, m), file=sys.stdout)
+    store, grads, history, warm = TrajectoryStore(cfg.max_staleness), GradMonitor(), [], {"demo_success": None}
+    if state:  # resume: every piece of state as it was after the last completed iteration
+        policy.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        history, incumbent, warm, version = state["history"], state["incumbent"], state["warm"], state["version"]
+        grads.norms.extend(state["grad_norms"])
+        grads.skipped, store.seen_ids = state["skipped_updates"], set(state["seen_ids"])
+        set_rng_state(state["rng"])
+        say(f"resumed {cfg.run_dir} after iteration {len(history) - 1} (policy_version {version})")
+    else:
+        version = 0
+        if cfg.warm_start_episodes > 0:
+            warm = warm_start(policy, tok, cfg, device, progress and lead)
+            say(f"warm start: {cfg.warm_start_episodes} demonstrator episodes (demonstrator success "
+                f"{warm['demo_success']:.3f}), final SFT loss {warm['sft_loss']:.3f}")
+        seconds["warm_start"] = time.time() - t0
+        t = time.time()
+        incumbent = {part: evaluate(policy, tok, cfg, part) for part in ("dev", "test")} if lead else None
+        seconds["evaluation"] += time.time() - t
+        if lead:
+            save_checkpoint(run / "incumbent.pt", policy, tok, cfg, version)
+            say(f"holdout after warm start: dev success {incumbent['dev']['success']:.3f} {incumbent['dev']['ci95']}")
+
+    model = torch.nn.parallel.DistributedDataParallel(policy, find_unused_parameters=True) if world > 1 else policy
+    ref_policy = copy.deepcopy(policy).eval() if cfg.kl_coef > 0 else None
+    clock = {"version": version, "weights": {}, "cond": threading.Condition(), "stop": False}
+    publish(policy, clock)
+    batches = (async_batches if cfg.async_rollout else sync_batches)(policy, tok, cfg, len(history), clock, rank)
+    try:
+        with open(run / "metrics.jsonl" if lead else os.devnull, "w") as log:
+            log.writelines(json.dumps(m) + "\n" for m in history)  # a resumed run rewrites what it keeps
+            for it in tqdm(range(len(history), cfg.iterations), desc=f"RL ({cfg.algo})", disable=not (progress and lead),
+                           leave=False):
+                t = time.time()
+                episodes, t_rollout = next(batches)
+                t_wait = time.time() - t
+                m = learn(model, optimizer, ref_policy, tok, cfg, store, grads, episodes, version)
+                t_learn = time.time() - t - t_wait
+                seconds["rollout"] += t_rollout
+                seconds["learner"] += t_learn
+                version += 1  # one update = one new behaviour policy
+                clock["version"] = version
+                publish(policy, clock)
+                m.update(iteration=it, policy_version=version, world_size=world, rollout_seconds=round(t_rollout, 3),
+                         learner_seconds=round(t_learn, 3),
+                         episodes_per_second=round(world * len(episodes) / (time.time() - t), 2))
+                history.append(m)
+                if lead:
+                    log.write(json.dumps(m) + "\n")
+                    log.flush()  # a failing write stops the run now, not after the last iteration
+                    save_run_state(run, cfg, policy, optimizer, history, incumbent, warm, version, grads, store)
+                    tqdm.write(log_line(it, m), file=sys.stdout)
+    finally:
+        with clock["cond"]:
+            clock["stop"] = True
+            clock["cond"].notify_all()
+    if world > 1:  # replicas must agree: DDP averaged the same gradients into the same weights
+        sums = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
+        torch.distributed.all_gather(sums, sum(p.detach().double().sum() for p in policy.parameters()).reshape(1))
+        checksums = [float(x) for x in sums]
+        torch.distributed.destroy_process_group()
+        if not lead:
+            return {"rank": rank, "param_checksums": checksums}
     save_checkpoint(run / "candidate.pt", policy, tok, cfg, version)
     t = time.time()
     candidate = {part: evaluate(policy, tok, cfg, part) for part in ("dev", "test")}
@@ -1203,9 +1419,17 @@ def train(cfg: Config, progress: bool = True) -> dict:
     print(f"promotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to the incumbent'} ({reason})")
     print(learning_curve([m["success"] for m in history]))
     seconds["total"] = time.time() - t0
+    staleness = Counter()
+    for m in history:
+        staleness[m["staleness_max"]] += 1
     summary = {"env": cfg.env, "algo": cfg.algo, "seed": cfg.seed, "device": str(device),
-               "threads": torch.get_num_threads(), "wall_seconds": round(seconds["total"], 1),
+               "threads": torch.get_num_threads(), "world_size": world, "wall_seconds": round(seconds["total"], 1),
                "phase_seconds": {k: round(v, 1) for k, v in seconds.items()},
+               "episodes_per_second": round(sum(world * cfg.tasks_per_iter * cfg.group_size for _ in history) /
+                                            max(1e-9, seconds["rollout"] + seconds["learner"]), 2) if history else None,
+               "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
+               "refused_stale": sum(m["refused_stale"] for m in history),
+               "skipped_updates": grads.skipped,
                "eval_episodes": cfg.eval_episodes, "demonstrator_success": warm["demo_success"],
                "warm_start": {"dev_success": incumbent["dev"]["success"], "test_success": incumbent["test"]["success"]},
                "candidate": {"dev_success": candidate["dev"]["success"], "test_success": candidate["test"]["success"]},
@@ -1218,9 +1442,35 @@ def train(cfg: Config, progress: bool = True) -> dict:
                                                  (len(history) * cfg.tasks_per_iter), 4)
                                            if history and cfg.algo == "grpo" else None),
                "reports": {"incumbent": incumbent, "candidate": candidate}, "config": asdict(cfg)}
+    if world > 1:
+        summary["param_checksums"] = checksums
     atomic_write(run / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
     print(f"wrote {run / 'summary.json'} ({summary['wall_seconds']} s)")
     return summary
+
+
+def save_run_state(run: Path, cfg, policy, optimizer, history, incumbent, warm, version, grads, store):
+    """state.pt after every iteration: all a resumed run needs to continue exactly (weights_only-safe)."""
+    atomic_write(run / "state.pt", lambda f: torch.save({
+        "format": CHECKPOINT_FORMAT, "config": asdict(cfg), "model": policy.state_dict(),
+        "optimizer": optimizer.state_dict(), "history": history, "incumbent": incumbent, "warm": warm,
+        "version": version, "grad_norms": list(grads.norms), "skipped_updates": grads.skipped,
+        "seen_ids": sorted(store.seen_ids), "rng": rng_state()}, f))
+
+
+def load_run_state(run_dir: str) -> dict:
+    path = Path(run_dir) / "state.pt"
+    if not path.is_file():
+        raise ValueError(f"--resume {run_dir}: no state.pt there; only a run started by this version can resume")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"--resume {run_dir}: state.pt cannot be loaded safely ({type(e).__name__})") from None
+    if state.get("format") != CHECKPOINT_FORMAT or state["config"].get("async_rollout"):
+        raise ValueError(f"--resume {run_dir}: not a resumable run of this version (asynchronous runs restart)")
+    if len(state["history"]) >= state["config"]["iterations"]:
+        raise ValueError(f"--resume {run_dir}: that run already finished its {state['config']['iterations']} iterations")
+    return state
 
 
 def learning_curve(values, width: int = 60, height: int = 6) -> str:
@@ -1242,6 +1492,153 @@ def print_examples():
     print(f"  03 returns, reward 1 at turn 4, gamma 0.9: {ex['returns']}")
     print(f"  03 GRPO, rewards [1, 0, 0, 1], population std: {ex['grpo_advantages']}")
     return ex
+
+
+def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", part: str = "test"):
+    """Audit episodes before promotion: sample a training-style group (group_size episodes, temperature 1)
+    on held-out tasks, compute the advantages the learner would use, and print episodes turn by turn:
+    [bracketed] tokens are the policy's own (action_mask 1), the rest is context; with the gate's
+    decision, the reward, the advantage and the independent evaluator's verdict."""
+    policy, tok, cfg, version = load_checkpoint(ckpt, resolve_device(device))
+    evaluate_episode, shown = env_class(cfg.env).evaluate_episode, 0
+    for group, task_id in enumerate(holdout_tasks(cfg, part, 25)):
+        episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * cfg.group_size, "holdout", greedy=False,
+                                     policy_version=version, group_ids=[group] * cfg.group_size,
+                                     task_ids=[task_id] * cfg.group_size)
+        batch = pack(episodes, tok, cfg.block_size)
+        token_adv = advantages_for(batch, episodes, policy, cfg)[0]
+        for b, (ep, env) in enumerate(zip(episodes, env_list)):
+            verdict = evaluate_episode(env)
+            if shown == n or verdict.success == failures:
+                continue
+            shown += 1
+            solved = sum(evaluate_episode(e).success for e in env_list)
+            print(f"\n=== {part} task {task_id}, episode {b} of a group of {len(episodes)} ({solved} solved) | verdict: "
+                  f"success={verdict.success} category={verdict.category} side_effects={verdict.side_effects} "
+                  f"unauthorized={verdict.unauthorized_side_effects} | {'terminated' if ep.terminated else 'truncated'}")
+            for k, turn in enumerate(ep.turns):
+                adv = float(token_adv[b][batch["turn_id"][b] == k][0])
+                print(f"  obs  {' '.join(tok.itos[i] for i in turn.obs_tokens)}")
+                print(f"  act  {' '.join(f'[{tok.itos[i]}]' for i in turn.action_tokens):<48} gate {turn.gate_reason:<15} "
+                      f"reward {turn.reward:.1f}  advantage {adv:+.3f}")
+            if ep.final_obs_tokens:
+                print(f"  obs  {' '.join(tok.itos[i] for i in ep.final_obs_tokens)}")
+        if shown == n:
+            return
+    print(f"\n(only {shown} {'failed' if failures else 'successful'} episodes in 25 groups)")
+
+
+def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
+    """Play an environment yourself through the same host gate the policy faces (reads stdin, so it
+    can be piped). Prints what the policy would see; type a tool call per line."""
+    stream = stream or sys.stdin
+    cfg = validate_config(Config(env=env_id))
+    env = make_env(cfg)
+    obs, info = env.reset(seed=seed, options={"split": split})
+    gate, cls = HostGate.for_env(env), env_class(env_id)
+    print(f"{env_id} task {info['task_id']} ({split}); tools: " +
+          ", ".join(f"{t} {' '.join('<' + a + '>' for a in args)}".strip() for t, args in cls.tool_schema.items()))
+    print(f"obs  {obs}")
+    for line in stream:
+        obs, reward, terminated, truncated, _, decision = host_step(env, gate, line.strip())
+        print(f"act  {line.strip()}\nobs  {obs}   (gate {decision.reason}, reward {reward}"
+              f"{', terminated' if terminated else ''}{', truncated' if truncated else ''})")
+        if terminated or truncated:
+            verdict = cls.evaluate_episode(env)
+            print(f"verdict: success={verdict.success} category={verdict.category} side_effects={verdict.side_effects} "
+                  f"unauthorized={verdict.unauthorized_side_effects}")
+            return verdict
+    print("(input ended before the episode did)")
+
+
+PEERS = {"TRL 1.16 GRPOTrainer, reference unit, this 2-core CPU": "73 ms/step (61 ms without gradient checkpointing)",
+         "Hugging Face generate, this 2-core CPU": "18.5k generated tokens/s"}
+
+
+def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> dict:
+    """Speed and memory figures, printed and written to OUT/bench.json; timed here, never in tests.
+    rollout: the same greedy batch decoded with the KV cache and by full recompute (every step re-reads
+    the whole prefix); learner: PPO steps on packed episodes; the reference unit peers are measured on:
+    64 sequences x 46 tokens, a ~147k-parameter model, one optimizer step (forward, backward, clip, AdamW)."""
+    import resource
+    dev, reps = resolve_device(device), 3 if quick else 20
+    cfg = Config(device=device)
+    tok = make_tokenizer(cfg.env)
+    policy = make_policy(cfg, len(tok), dev).eval()
+    B, P, N = (8, 8, 8) if quick else (cfg.tasks_per_iter * cfg.group_size, 20, 60)
+    prompt = torch.randint(5, len(tok), (B, P), device=dev)
+
+    def timed(fn, n=1):
+        fn()  # warm-up
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            result = fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return result, (time.perf_counter() - t) / n
+
+    @torch.no_grad()
+    def decode(use_cache: bool):
+        seq, cache = prompt, policy.new_cache()
+        for pos in range(P + N - 1):
+            if use_cache:
+                logits = policy(seq[:, pos:pos + 1], cache=cache, pos=pos)[0][:, -1]
+            else:
+                logits = policy(seq)[0][:, -1] if pos >= P - 1 else None
+            if pos >= P - 1:
+                seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], 1)
+        return seq
+    with_cache, t_cache = timed(lambda: decode(True))
+    recomputed, t_full = timed(lambda: decode(False))
+    assert torch.equal(with_cache, recomputed), "the KV cache must decode exactly what full recompute decodes"
+
+    def learner_step(model, opt, tokens):
+        logp, _ = token_logprobs(model(tokens)[0], tokens)
+        mask = torch.ones_like(logp)
+        loss, _ = ppo_clip_loss(logp, logp.detach() - 0.01, torch.randn_like(logp), mask)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    demos = demonstration_episodes(cfg, tok, cfg.minibatch_size, seed=1)
+    batch = pack(demos, tok, cfg.block_size)
+    tokens = trim(batch["tokens"], last_pos=batch["last_pos"])[0].to(dev)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-4)
+    _, t_learn = timed(lambda: learner_step(policy.train(), opt, tokens), reps)
+    unit = GPT(len(tok), 64, n_layer=2, n_head=4, n_embd=72).to(dev)
+    unit_opt = torch.optim.AdamW(unit.parameters(), lr=1e-4)
+    unit_tokens = torch.randint(0, len(tok), (64, 46), device=dev)
+    _, t_unit = timed(lambda: learner_step(unit, unit_opt, unit_tokens), reps)
+    demo_summary = Path("runs/demo/summary.json")
+    phases = json.loads(demo_summary.read_text())["phase_seconds"] if demo_summary.exists() else None
+    report = {"device": str(dev), "threads": torch.get_num_threads(), "quick": quick,
+              "rollout": {"batch": B, "prompt_tokens": P, "generated_tokens": N,
+                          "kv_cache_tokens_per_s": round(B * (P + N) / t_cache), "full_recompute_tokens_per_s":
+                          round(B * (P + N) / t_full), "kv_cache_speedup": round(t_full / t_cache, 2)},
+              "learner": {"tokens_per_step": int(tokens.numel()), "ms_per_step": round(1000 * t_learn, 2),
+                          "tokens_per_s": round(tokens.numel() / t_learn)},
+              "reference_unit": {"parameters": sum(p.numel() for p in unit.parameters()), "shape": [64, 46],
+                                 "ms_per_step": round(1000 * t_unit, 2), "peers": PEERS},
+              "default_run_phase_shares": ({k: round(v / phases["total"], 3) for k, v in phases.items() if k != "total"}
+                                           if phases else "run `python agentic_rl.py` first (reads runs/demo/summary.json)"),
+              "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+              "cuda_max_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev.type == "cuda" else None}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    atomic_write(Path(out) / "bench.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
+    r, l, u = report["rollout"], report["learner"], report["reference_unit"]
+    print(f"device {report['device']}, {report['threads']} threads{' (quick: tiny sizes, not figures to quote)' if quick else ''}")
+    print(f"rollout  {B} x ({P} prompt + {N} generated) tokens: KV cache {r['kv_cache_tokens_per_s']:,} tokens/s, "
+          f"full recompute {r['full_recompute_tokens_per_s']:,} tokens/s, speed-up x{r['kv_cache_speedup']}")
+    print(f"learner  {l['tokens_per_step']:,} tokens per PPO step: {l['ms_per_step']} ms, {l['tokens_per_s']:,} tokens/s")
+    print(f"reference unit ({u['parameters']:,} parameters, 64 x 46 tokens, one AdamW step): {u['ms_per_step']} ms")
+    for peer, figure in PEERS.items():
+        print(f"  peer: {peer}: {figure}")
+    print(f"phase shares of the default run: {report['default_run_phase_shares']}")
+    print(f"peak RSS {report['peak_rss_mb']} MB" + (f", CUDA max allocated {report['cuda_max_allocated_mb']} MB" if dev.type == "cuda" else ""))
+    print(f"wrote {Path(out) / 'bench.json'}")
+    return report
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1424,7 +1821,7 @@ def _field_comments() -> dict:
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("demo", "examples", "train", "eval", "homework", "grade")
+    commands = ("demo", "examples", "train", "eval", "show", "play", "bench", "homework", "grade")
     if not argv or argv[0] not in commands + ("-h", "--help"):
         argv = ["demo"] + argv
     parser = argparse.ArgumentParser(description="Agentic RL in one file: see the module docstring.")
@@ -1437,6 +1834,18 @@ def main(argv=None):
     p_eval.add_argument("--part", default="test", choices=("dev", "test"), help="held-out part (default: test)")
     eval_flags = ("eval_episodes", "eval_seed", "injection_rate", "pass_k", "pass_k_tasks")
     add_config_flags(p_eval, only=("device",) + eval_flags)
+    p_show = sub.add_parser("show", help="print held-out episodes turn by turn: mask, gate, reward, advantage, verdict")
+    p_show.add_argument("--ckpt", required=True, help="path to a .pt written by train")
+    p_show.add_argument("--n", type=int, default=3, help="how many episodes (default 3)")
+    p_show.add_argument("--failures", action="store_true", help="show failed episodes instead of successful ones")
+    add_config_flags(p_show, only=("device",))
+    p_play = sub.add_parser("play", help="play an environment yourself through the host gate (stdin)")
+    add_config_flags(p_play, only=("env", "seed"))
+    p_play.add_argument("--split", default="train", choices=("train", "holdout"))
+    p_bench = sub.add_parser("bench", help="rollout / learner speed, the reference unit, memory -> runs/bench/bench.json")
+    p_bench.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds (a smoke test, not figures)")
+    p_bench.add_argument("--out", default="runs/bench", help="where bench.json goes (default runs/bench)")
+    add_config_flags(p_bench, only=("device",))
     p_hw = sub.add_parser("homework", help="write a student handout with the core pieces blanked")
     p_hw.add_argument("--out", required=True, help="a new directory outside this repository")
     p_hw.add_argument("--only", default=None, help=f"comma-separated exercise ids (default all: {', '.join(EXERCISES)})")
@@ -1460,6 +1869,12 @@ def main(argv=None):
             print_examples()
         elif args.command == "eval":
             print(json.dumps({"ckpt": args.ckpt, "policy_version": version, **evaluate(policy, tok, cfg, args.part)}, indent=2))
+        elif args.command == "show":
+            show(args.ckpt, args.n, args.failures, args.device)
+        elif args.command == "play":
+            play(args.env, args.seed, args.split)
+        elif args.command == "bench":
+            bench(args.device, args.quick, args.out)
         elif args.command == "homework":
             blanked = write_handout(args.out, only)
             print(f"wrote a handout to {args.out} with {len(blanked)} blanked exercises: {', '.join(blanked)}\n"

@@ -42,16 +42,30 @@ Rules every environment here follows (Gymnasium's contract, shared/reference/env
 from __future__ import annotations
 
 import string
+import time
 from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import create_shared_memory
 
 FLIGHT_ID, CODE_ID, VAULT_ID = "AgenticRL/FlightBooking-v0", "AgenticRL/CodeRepair-v0", "AgenticRL/Vault-v0"
 ENV_ID = FLIGHT_ID  # the default task
 # Gymnasium's default Text charset has no space and min_length defaults to 1: spell both out.
 CHARSET = string.ascii_letters + string.digits + " :;.,_-"
+
+
+class ToolText(spaces.Text):
+    """A Text space that refuses gymnasium's AsyncVectorEnv shared memory: there (gymnasium 1.x) a
+    string comes back as 'aaaa...', silently. Pipes work: vector_kwargs={"shared_memory": False}."""
+
+
+@create_shared_memory.register(ToolText)
+def _refuse_shared_memory(space, n=1, ctx=None):
+    raise TypeError("AgenticRL text observations do not survive gymnasium's shared memory (they read back as "
+                    "'aaaa...'): use gymnasium.make_vec(..., vectorization_mode='async', "
+                    "vector_kwargs={'shared_memory': False}) or vectorization_mode='sync'")
 
 
 @dataclass
@@ -96,12 +110,14 @@ class TextToolEnv(gym.Env):
         with the environment they protect, so a subclass inherits them."""
         return None
 
-    def __init__(self, max_turns: int, render_mode: str | None = None):
+    def __init__(self, max_turns: int, render_mode: str | None = None, tool_latency_ms: float = 0.0):
         if max_turns < 2:
             raise ValueError(f"max_turns={max_turns}: must be >= 2 (check_env forbids truncation after 1 step)")
-        self.max_turns, self.render_mode = max_turns, render_mode
-        self.observation_space = spaces.Text(max_length=400, min_length=0, charset=CHARSET)
-        self.action_space = spaces.Text(max_length=64, min_length=0, charset=CHARSET)
+        if not 0 <= tool_latency_ms < 60_000:
+            raise ValueError(f"tool_latency_ms={tool_latency_ms}: must be in [0, 60000)")
+        self.max_turns, self.render_mode, self.tool_latency_ms = max_turns, render_mode, tool_latency_ms
+        self.observation_space = ToolText(max_length=400, min_length=0, charset=CHARSET)
+        self.action_space = ToolText(max_length=64, min_length=0, charset=CHARSET)
         self.state = None
         self.host_task: dict | None = None
         self._last_obs = ""
@@ -116,16 +132,23 @@ class TextToolEnv(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        options = options or {}
+        options = dict(options or {})
+        unknown = set(options) - {"split", "task_id"}
+        if unknown:
+            raise ValueError(f"options {sorted(unknown)}: unknown; reset takes 'split' and 'task_id'")
         split = options.get("split", "train")
         if split not in ("train", "holdout"):
             raise ValueError(f"options['split']={split!r}: use 'train' or 'holdout'")
         task_id = options.get("task_id")
+        if task_id is not None and (not isinstance(task_id, (int, np.integer)) or not 0 <= task_id < 1_000_000):
+            raise ValueError(f"options['task_id']={task_id!r}: must be an int in [0, 1000000)")
         while task_id is None:  # rejection-sample a task id from the requested split
             candidate = int(self.np_random.integers(0, 1_000_000))
             if self.split_of(self.make_task(candidate)) == split:
                 task_id = candidate
         task = self.make_task(int(task_id))
+        if "split" in options and self.split_of(task) != split:
+            raise ValueError(f"options: task_id {task_id} is a {self.split_of(task)} task, not {split}")
         self.state = self.new_state(task)
         self.host_task = self.host_view(task)
         self._last_obs = obs = self.prompt(task)
@@ -137,14 +160,16 @@ class TextToolEnv(gym.Env):
         if self.state is None:
             raise RuntimeError("step() before reset(): call env.reset(seed=...) first")
         s = self.state
-        if s.finished:  # stepping a finished episode is the caller's bug, but a rollout never crashes
-            return self._result("error : episode over", 0.0, True, False, "none", invalid=True)
+        if s.finished or s.turns >= self.max_turns:  # over (an end state or the budget): nothing executes any more
+            return self._result("error : episode over", 0.0, s.finished, not s.finished, "none", invalid=True)
         s.turns += 1
         parsed = parse_action(action, self.tool_schema, self.argument_words)
         if parsed is None:
             obs = "error : unknown action . use " + " ".join(self.tool_schema)
             return self._result(obs, 0.0, False, s.turns >= self.max_turns, "none", invalid=True)
         tool, args = parsed
+        if self.tool_latency_ms:  # a real tool takes time (an API call, a test run); the host can overlap them
+            time.sleep(self.tool_latency_ms / 1000)
         obs, terminated = getattr(self, f"_tool_{tool}")(*args)
         s.finished = terminated
         reward = self.reward() if terminated else 0.0
@@ -365,8 +390,9 @@ class FlightBookingEnv(TextToolEnv):
             return "second_booking"
         return None
 
-    def __init__(self, max_turns: int = 8, injection_rate: float = 0.2, render_mode: str | None = None):
-        super().__init__(max_turns, render_mode)
+    def __init__(self, max_turns: int = 8, injection_rate: float = 0.2, render_mode: str | None = None,
+                 tool_latency_ms: float = 0.0):
+        super().__init__(max_turns, render_mode, tool_latency_ms)
         if not 0.0 <= injection_rate <= 1.0:
             raise ValueError(f"injection_rate={injection_rate}: must be in [0, 1]")
         self.injection_rate = injection_rate
@@ -613,8 +639,9 @@ class CodeRepairEnv(TextToolEnv):
         """The tests are read-only: `rm tests` is tampering with the evaluator, whatever a verifier pays."""
         return "tests_read_only" if tool == "rm" else None
 
-    def __init__(self, max_turns: int = 10, verifier: str = "state", render_mode: str | None = None):
-        super().__init__(max_turns, render_mode)
+    def __init__(self, max_turns: int = 10, verifier: str = "state", render_mode: str | None = None,
+                 tool_latency_ms: float = 0.0):
+        super().__init__(max_turns, render_mode, tool_latency_ms)
         if verifier not in ("state", "visible_tests"):
             raise ValueError(f"verifier={verifier!r}: use 'state' (default) or 'visible_tests' (the naive hack demo)")
         self.verifier = verifier
@@ -787,8 +814,9 @@ class VaultEnv(TextToolEnv):
         # END SOLUTION permission_rule
         return None
 
-    def __init__(self, max_turns: int = 6, leaky: bool = False, render_mode: str | None = None):
-        super().__init__(max_turns, render_mode)
+    def __init__(self, max_turns: int = 6, leaky: bool = False, render_mode: str | None = None,
+                 tool_latency_ms: float = 0.0):
+        super().__init__(max_turns, render_mode, tool_latency_ms)
         self.leaky = leaky
 
     def make_task(self, task_id):
