@@ -73,7 +73,7 @@ class Config:
     max_turns: int = 0                    # turn budget per episode; 0 = the environment's own (flight 8, code 10, vault 6)
     code_verifier: str = "state"          # code repair only: state | visible_tests (a NAIVE verifier that pays for `rm tests`)
     tool_latency_ms: float = 0.0          # simulated time per tool call (the host overlaps one step's calls)
-    algo: str = "grpo"                    # grpo (group-relative, no critic) | gae (PPO with a value head)
+    algo: str = "grpo"                    # grpo | stepgroup | gae | reinforce (PPO on these credits) | rs_sft | dpo
     seed: int = 0                         # drives python, numpy, torch and every training env.reset(seed=...)
     device: str = "auto"                  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
     run_dir: str = "runs/demo"            # checkpoints, metrics.jsonl and summary.json go here (one run per directory)
@@ -101,8 +101,11 @@ class Config:
     clip_eps: float = 0.2                 # PPO clip range
     kl_coef: float = 0.0                  # k3 KL to the warm-start policy; 0 = off (no reference kept)
     adv_std: str = "population"           # GRPO scale: population | unbiased (TRL/verl) | none (Dr. GRPO)
-    gamma: float = 1.0                    # per-turn discount for gae (GRPO uses the episode reward)
+    gamma: float = 1.0                    # per-turn discount for gae, reinforce and stepgroup's step returns
     lam: float = 0.95                     # GAE lambda
+    process_coef: float = 0.0             # adds c x the environment's process reward (a step verifier) to each turn
+    deny_credit: str = "shared"           # shared: a denied turn shares its episode's credit | nonpositive: capped at 0
+    dpo_beta: float = 0.1                 # dpo only: strength of the pull towards the reference (warm-start) policy
     truncation_as_termination: bool = False  # experiment only (gae): treat a budget cut as an end, no bootstrap
     vf_coef: float = 0.5                  # value-loss weight (gae only)
     max_grad_norm: float = 1.0            # gradient clipping
@@ -116,11 +119,15 @@ class Config:
     pass_k_tasks: int = 50                # holdout tasks for pass^k
 
 
-CHOICES = {"env": envs.ENV_IDS, "algo": ("grpo", "gae"), "adv_std": ("population", "unbiased", "none"),
-           "device": ("auto", "cpu", "cuda", "mps"), "code_verifier": ("state", "visible_tests")}
-ONLY_FOR = {"injection_rate": ("env", envs.FLIGHT_ID), "code_verifier": ("env", envs.CODE_ID),  # meaningful only there
-            "truncation_as_termination": ("algo", "gae"), "vf_coef": ("algo", "gae"), "lam": ("algo", "gae"),
-            "gamma": ("algo", "gae")}
+PPO_CREDITS = ("grpo", "stepgroup", "gae", "reinforce")
+CHOICES = {"env": envs.ENV_IDS, "algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_std": ("population", "unbiased", "none"),
+           "device": ("auto", "cpu", "cuda", "mps"), "code_verifier": ("state", "visible_tests"),
+           "deny_credit": ("shared", "nonpositive")}
+ONLY_FOR = {"injection_rate": ("env", (envs.FLIGHT_ID,)), "code_verifier": ("env", (envs.CODE_ID,)),  # meaningful only there
+            "truncation_as_termination": ("algo", ("gae",)), "lam": ("algo", ("gae",)),
+            "vf_coef": ("algo", ("gae", "reinforce")), "gamma": ("algo", ("gae", "reinforce", "stepgroup")),
+            "clip_eps": ("algo", PPO_CREDITS), "adv_std": ("algo", ("grpo", "stepgroup")),
+            "deny_credit": ("algo", PPO_CREDITS), "dpo_beta": ("algo", ("dpo",))}
 
 
 def validate_config(cfg: Config) -> Config:
@@ -153,8 +160,11 @@ def validate_config(cfg: Config) -> Config:
     if cfg.kl_coef < 0 or cfg.vf_coef < 0:
         raise ValueError("kl_coef and vf_coef must be >= 0")
     for name, (key, needed) in ONLY_FOR.items():  # a setting that would silently do nothing is an error
-        if getattr(cfg, name) != getattr(Config, name) and getattr(cfg, key) != needed:
-            raise ValueError(f"{name}={getattr(cfg, name)}: only used with {key}={needed}; drop it or set --{key.replace('_', '-')}")
+        if getattr(cfg, name) != getattr(Config, name) and getattr(cfg, key) not in needed:
+            raise ValueError(f"{name}={getattr(cfg, name)}: only used with {key} in {'/'.join(needed)}; drop it or "
+                             f"change --{key.replace('_', '-')}")
+    if cfg.dpo_beta <= 0 or cfg.process_coef < 0:
+        raise ValueError("dpo_beta must be > 0 and process_coef >= 0")
     if cfg.async_rollout and cfg.max_staleness < 1:
         raise ValueError("async_rollout: the actor samples with policy v-1, so max_staleness must be >= 1 (--max-staleness 1)")
     if cfg.max_turns and cfg.max_turns < 2:
@@ -231,6 +241,7 @@ class Turn:
     invalid: bool           # malformed action (unknown tool / bad arguments)
     terminated: bool
     truncated: bool
+    process_reward: float = 0.0  # the environment's step verifier (info["process_reward"]); not the outcome
 
 
 @dataclass
@@ -408,7 +419,7 @@ def _act(env, gate, episode, p, queue, tok, cfg, seq_len, policy_version) -> boo
         truncated = True  # the host's token budget: an external limit, so truncation (not termination)
     episode.turns.append(Turn(p["obs"], p["obs_tokens"], p["action"], p["logprobs"], text, policy_version,
                               decision.allowed, decision.reason, info["receipt"], reward, info["cost"],
-                              info["invalid"], terminated, truncated))
+                              info["invalid"], terminated, truncated, info.get("process_reward", 0.0)))
     if terminated or truncated:
         episode.final_obs_tokens = obs_ids
         return False
@@ -573,6 +584,23 @@ def zero_std_groups(rewards) -> int:
     return int((r == r[:, :1]).all(-1).sum())
 
 
+def step_group_advantages(state_keys, step_returns, std="population", eps=1e-6) -> torch.Tensor:
+    """The chapter's step-level advantage A_t = R - R̄(s_t), with R̄(s_t) estimated without a critic:
+    within one task's group, turns taken in the same state (the same observation history, `state_keys`)
+    form an anchor group, and each turn's return from there is compared with that group's mean (and
+    scaled like GRPO). A state visited once has nothing to compare with: 0 (as in GiGPO). One value per
+    turn, in the order given."""
+    g = _vector(step_returns, "step_returns")
+    if len(state_keys) != len(g):
+        raise ValueError(f"state_keys ({len(state_keys)}) and step_returns ({len(g)}) must have one entry per turn")
+    out = torch.zeros_like(g)
+    for key in set(state_keys):
+        members = torch.tensor([i for i, k in enumerate(state_keys) if k == key])
+        if len(members) > 1:
+            out[members] = group_advantages(g[members], std=std, eps=eps)
+    return out
+
+
 def broadcast_to_tokens(advantages, turn_id):
     """Per-episode (B,) or per-turn (B, K) advantages -> (B, T) on each action token, 0 elsewhere.
     Copying one number onto every action token says which trajectory was better, not which step."""
@@ -626,6 +654,19 @@ def kl_k3(logprobs, ref_logprobs) -> torch.Tensor:
     # END SOLUTION kl_k3
 
 
+def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta=0.1) -> torch.Tensor:
+    """Trajectory DPO: mean over pairs of -log σ(β [(chosen - ref_chosen) - (rejected - ref_rejected)]),
+    each a sequence log-prob (sum over the episode's action tokens). It raises the chosen episode's
+    likelihood relative to the rejected one's, measured against a frozen reference; no environment
+    reward, no advantage, and it says nothing about which step mattered."""
+    c, r, rc, rr = _same_shape(chosen_logps=chosen_logps, rejected_logps=rejected_logps,
+                               ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
+    if not float(beta) > 0:
+        raise ValueError(f"beta={beta}: must be > 0")
+    margin = beta * ((c - rc) - (r - rr))
+    return -F.logsigmoid(margin).mean()
+
+
 def sft_loss(logprobs, mask) -> torch.Tensor:
     """Warm start: maximise the likelihood of the demonstrated action tokens (token mean)."""
     return -(logprobs * mask).sum() / mask.sum().clamp(min=1)
@@ -643,7 +684,34 @@ def worked_examples() -> dict:
     batch = pack([ep], tok, block_size=180)
     return {"mask_tokens": int(batch["tokens"].shape[1]), "mask_sum": int(batch["action_mask"].sum()),
             "returns": [round(x, 6) for x in discounted_returns([0, 0, 0, 1], gamma=0.9).tolist()],
-            "grpo_advantages": [round(x, 6) for x in group_advantages([1, 0, 0, 1]).tolist()]}
+            "grpo_advantages": [round(x, 6) for x in group_advantages([1, 0, 0, 1]).tolist()],
+            "step_credit": worked_group()}
+
+
+def worked_group() -> list:
+    """A flight group (task 511821: the cheapest morning flight, F4, is sold out; F1 has seats): four
+    episodes share `search` and `filter`, then check seats or book blind. Per turn: the action and its
+    advantage under grpo and under stepgroup (gamma 1), computed by advantages_for as in training."""
+    cfg, tok = Config(injection_rate=0.0), make_tokenizer(envs.FLIGHT_ID)
+    head, seats_then_f1 = ["search PAR ATH", "filter morning"], ["seats F4", "seats F1", "book F1 chen business"]
+    plans = [head + seats_then_f1, head + ["book F4 chen business"], head + ["seats F4", "book F4 chen business"],
+             head + seats_then_f1]
+    episodes = []
+    for i, plan in enumerate(plans):
+        env = make_env(cfg)
+        obs, info = env.reset(seed=0, options={"task_id": 511821})
+        gate, ep = HostGate.for_env(env), Episode(f"worked-{i}", 511821, cfg.env, "", "", 0, "train", 0, 0)
+        for text in plan:
+            next_obs, reward, terminated, truncated, step, d = host_step(env, gate, text)
+            action = tok.encode_action(text)
+            ep.turns.append(Turn(obs, tok.encode_observation(obs), action, [0.0] * len(action), text, 0, d.allowed,
+                                 d.reason, step["receipt"], reward, step["cost"], step["invalid"], terminated, truncated))
+            obs = next_obs
+        episodes.append(ep)
+    batch = pack(episodes, tok, cfg.block_size)
+    credit = {algo: advantages_for(batch, episodes, None, replace(cfg, algo=algo))[0] for algo in ("grpo", "stepgroup")}
+    return [[(t.action_text, round(float(credit["grpo"][b, k]), 3), round(float(credit["stepgroup"][b, k]), 3))
+             for k, t in enumerate(ep.turns)] for b, ep in enumerate(episodes)]
 
 
 # ================================================================================================
@@ -843,7 +911,7 @@ def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> li
             next_obs, reward, terminated, truncated, info, d = host_step(env, gate, text)
             ep.turns.append(Turn(obs, tok.encode_observation(obs), tok.encode_action(text), [], text, -1,
                                  d.allowed, d.reason, info["receipt"], reward, info["cost"], info["invalid"],
-                                 terminated, truncated))
+                                 terminated, truncated, info.get("process_reward", 0.0)))
             obs, done = next_obs, terminated or truncated
         out.append(ep)
     return out
@@ -882,32 +950,71 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     return {"demo_success": float(np.mean([ep.reward for ep in demos])), "sft_loss": float(np.mean(losses[-10:]))}
 
 
+def turn_rewards(ep: Episode, cfg: Config) -> list:
+    """The training signal per turn: the outcome reward plus process_coef x the step verifier's reward."""
+    return [t.reward + cfg.process_coef * t.process_reward for t in ep.turns]
+
+
+def state_key(ep: Episode, k: int) -> tuple:
+    """What the policy had seen before its k-th action: every earlier observation and action, and the
+    current observation. Within one task (a deterministic environment) equal keys mean the same state."""
+    return tuple(x for t in ep.turns[:k] for x in t.obs_tokens + t.action_tokens) + tuple(ep.turns[k].obs_tokens)
+
+
 def advantages_for(batch, episodes, policy, cfg: Config):
-    """Token-level advantages (B, T), value targets, and the zero-signal group count."""
-    device = batch["tokens"].device
-    if cfg.algo == "grpo":  # groups come from Episode.group_id, never from positions in the batch
-        rewards = torch.tensor([ep.reward for ep in episodes])                                  # (B,)
-        group_of = torch.tensor([ep.group_id for ep in episodes])
-        groups = [torch.nonzero(group_of == g).squeeze(1) for g in group_of.unique()]
-        adv = torch.zeros(len(episodes))
-        for members in groups:
-            adv[members] = group_advantages(rewards[members], std=cfg.adv_std)
-        n_zero = sum(int((rewards[m] == rewards[m][0]).all()) for m in groups)
-        return broadcast_to_tokens(adv.to(device), batch["turn_id"]), None, n_zero
-    with torch.no_grad():
-        _, values = policy(batch["tokens"])                                  # (B, T)
-    values, decision_pos, last_pos = values.float().cpu(), batch["decision_pos"].cpu(), batch["last_pos"].cpu()
-    K = decision_pos.shape[1]
-    adv, returns = torch.zeros(len(episodes), K), torch.zeros(len(episodes), K)
+    """Per-turn advantages (B, K) for the chosen credit, value targets (B, K) or None, and the number of
+    task groups whose rewards were all equal (no signal for grpo).
+
+    grpo       A = group-normalised R(τ), the same number on every turn of the episode
+    stepgroup  A = grpo's A + A^S(s_t): the step term (step_group_advantages, on discounted returns
+               from each turn) separates turns taken in the same state; where no state repeats it is
+               0 and stepgroup is grpo. Added with weight 1, as GiGPO does, so the outcome signal stays
+               whole and the step term only redistributes credit among turns that shared a state.
+    gae        per-turn GAE with the value head (bootstrap V(s_K) only on truncation)
+    reinforce  A_t = G_t - V(s_t): Monte-Carlo return minus a learned baseline; the same as gae with
+               lam = 1 on terminated episodes (gae also bootstraps a truncated one)."""
+    B, K = len(episodes), batch["decision_pos"].shape[1]
+    rewards = [turn_rewards(ep, cfg) for ep in episodes]
+    adv, returns, n_zero = torch.zeros(B, K), None, 0
+    if cfg.algo in ("grpo", "stepgroup"):  # groups come from Episode.group_id, never from positions in the batch
+        totals, group_of = torch.tensor([sum(r) for r in rewards]), [ep.group_id for ep in episodes]
+        for g in dict.fromkeys(group_of):
+            members = [b for b in range(B) if group_of[b] == g]
+            n_zero += int((totals[members] == totals[members[0]]).all())
+            adv[members] = group_advantages(totals[members], std=cfg.adv_std)[:, None]      # A^E on every turn
+            if cfg.algo == "stepgroup":
+                turns = [(b, k) for b in members for k in range(len(episodes[b].turns))]
+                step_returns = torch.cat([discounted_returns(rewards[b], cfg.gamma) for b in members])
+                a_s = step_group_advantages([state_key(episodes[b], k) for b, k in turns], step_returns, cfg.adv_std)
+                for (b, k), x in zip(turns, a_s):
+                    adv[b, k] += x
+    else:
+        with torch.no_grad():
+            _, values = policy(batch["tokens"])                                  # (B, T)
+        values, decision_pos, last_pos = values.float().cpu(), batch["decision_pos"].cpu(), batch["last_pos"].cpu()
+        returns = torch.zeros(B, K)
+        for b, ep in enumerate(episodes):
+            k = len(ep.turns)
+            v = values[b, decision_pos[b, :k]]                                   # V(s_k) at each <act>, (k,)
+            if cfg.algo == "gae":
+                ended = ep.terminated or cfg.truncation_as_termination  # the experiment folds a cut into an end
+                a, ret = gae(rewards[b], v, values[b, last_pos[b]], ended, cfg.gamma, cfg.lam)
+            else:
+                ret = discounted_returns(rewards[b], cfg.gamma)                  # G_t, no bootstrap
+                a = ret - v                                                      # A_t = G_t - V(s_t)
+            adv[b, :k], returns[b, :k] = a, ret
+        real = batch["turn_mask"].cpu().bool()
+        adv = torch.where(real, (adv - adv[real].mean()) / (adv[real].std() + 1e-8), 0.0)  # batch-normalised
+        returns = returns.to(batch["tokens"].device)
+    return adv, returns, n_zero
+
+
+def denied_turns(episodes, K: int) -> torch.Tensor:
+    """(B, K) True where the host gate denied the turn's action."""
+    out = torch.zeros(len(episodes), K, dtype=torch.bool)
     for b, ep in enumerate(episodes):
-        k = len(ep.turns)
-        v = values[b, decision_pos[b, :k]]                                   # V(s_k) at each <act>, (k,)
-        ended = ep.terminated or cfg.truncation_as_termination  # the experiment folds a cut into an end
-        a, ret = gae([t.reward for t in ep.turns], v, values[b, last_pos[b]], ended, cfg.gamma, cfg.lam)
-        adv[b, :k], returns[b, :k] = a, ret
-    real = batch["turn_mask"].cpu().bool()
-    adv = (adv - adv[real].mean()) / (adv[real].std() + 1e-8)                # batch-normalised, as CleanRL
-    return broadcast_to_tokens(adv.to(device), batch["turn_id"]), returns.to(device), 0
+        out[b, :len(ep.turns)] = torch.tensor([not t.gate_allowed for t in ep.turns])
+    return out
 
 
 class GradMonitor:
@@ -927,41 +1034,136 @@ class GradMonitor:
         return not spike
 
 
-def learner_update(policy, optimizer, ref_policy, batch, token_adv, returns, cfg: Config, grads: GradMonitor) -> dict:
-    """Several PPO epochs over one batch; old_logprobs stay fixed, so ratio and clip actually act."""
-    B = batch["tokens"].shape[0]
-    stats = Counter()
-    n_steps = 0
+def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_rows: int, step_loss, batch_size=None) -> dict:
+    """ppo_epochs passes over n_rows in shuffled minibatches: loss, backward, pre-clip norm (the spike
+    rule may skip the step), clip, AdamW. Several passes over one batch are what make PPO's ratio move."""
+    stats, n = Counter(), 0
     for _ in range(cfg.ppo_epochs):
-        for idx in torch.randperm(B).split(cfg.minibatch_size):
-            tokens, mask, old_logprobs, adv = trim(batch["tokens"][idx], batch["action_mask"][idx],
-                                                   batch["old_logprobs"][idx], token_adv[idx],
-                                                   last_pos=batch["last_pos"][idx])
-            logits, values = policy(tokens)
-            logprobs, entropy = token_logprobs(logits, tokens)
-            loss, s = ppo_clip_loss(logprobs, old_logprobs, adv, mask, cfg.clip_eps)
-            if returns is not None:  # critic: regress V(s_k) at each decision point onto the GAE return
-                v = values.gather(1, batch["decision_pos"][idx])                 # (b, K)
-                turn_mask = batch["turn_mask"][idx]
-                v_loss = ((v - returns[idx]) ** 2 * turn_mask).sum() / turn_mask.sum()
-                loss = loss + cfg.vf_coef * v_loss
-                s["value_loss"] = float(v_loss.detach())
-            if ref_policy is not None:
-                with torch.no_grad():
-                    ref_logprobs, _ = token_logprobs(ref_policy(tokens)[0], tokens)
-                kl = (kl_k3(logprobs, ref_logprobs) * mask).sum() / mask.sum()
-                loss = loss + cfg.kl_coef * kl
-                s["kl_ref"] = float(kl.detach())
+        for idx in torch.randperm(n_rows).split(batch_size or cfg.minibatch_size):
+            loss, s = step_loss(idx)
             optimizer.zero_grad()
             loss.backward()
             norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))  # pre-clip norm
             if grads.allows(norm):
                 optimizer.step()
-            s["entropy"] = float((entropy.detach() * mask).sum() / mask.sum())
             s["grad_norm"] = norm
             stats.update(s)
-            n_steps += 1
-    return {k: v / n_steps for k, v in stats.items()}
+            n += 1
+    return {**{k: v / n for k, v in stats.items()}, "learner_steps": n}
+
+
+def ppo_step_loss(policy, ref_policy, batch, token_adv, returns, cfg: Config):
+    """One minibatch of PPO: clipped surrogate on the action tokens (+ value loss, + k3 KL if asked)."""
+    def step_loss(idx):
+        tokens, mask, old_logprobs, adv = trim(batch["tokens"][idx], batch["action_mask"][idx],
+                                               batch["old_logprobs"][idx], token_adv[idx], last_pos=batch["last_pos"][idx])
+        logits, values = policy(tokens)
+        logprobs, entropy = token_logprobs(logits, tokens)
+        loss, s = ppo_clip_loss(logprobs, old_logprobs, adv, mask, cfg.clip_eps)
+        if returns is not None:  # critic: regress V(s_k) at each decision point onto the return
+            v = values.gather(1, batch["decision_pos"][idx])                 # (b, K)
+            turn_mask = batch["turn_mask"][idx]
+            v_loss = ((v - returns[idx]) ** 2 * turn_mask).sum() / turn_mask.sum()
+            loss = loss + cfg.vf_coef * v_loss
+            s["value_loss"] = float(v_loss.detach())
+        if ref_policy is not None and cfg.kl_coef > 0:
+            with torch.no_grad():
+                ref_logprobs, _ = token_logprobs(ref_policy(tokens)[0], tokens)
+            kl = (kl_k3(logprobs, ref_logprobs) * mask).sum() / mask.sum()
+            loss = loss + cfg.kl_coef * kl
+            s["kl_ref"] = float(kl.detach())
+        s["entropy"] = float((entropy.detach() * mask).sum() / mask.sum())
+        return loss, s
+    return step_loss
+
+
+def sequence_logprobs(policy, batch, idx) -> torch.Tensor:
+    """log pi(episode's actions) = the sum of its action-token log-probs (the mask picks them), (b,)."""
+    tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx], last_pos=batch["last_pos"][idx])
+    return (token_logprobs(policy(tokens)[0], tokens)[0] * mask).sum(-1)
+
+
+def dpo_pairs(episodes) -> tuple:
+    """Online trajectory pairs: within each task group, successful episodes (chosen) matched with failed
+    ones (rejected) of the same task. Groups with no success or no failure give none; they are counted."""
+    chosen, rejected, without = [], [], 0
+    for g in dict.fromkeys(ep.group_id for ep in episodes):
+        group = [ep for ep in episodes if ep.group_id == g]
+        wins, losses = [ep for ep in group if ep.reward >= 1.0], [ep for ep in group if ep.reward < 1.0]
+        without += not (wins and losses)
+        chosen, rejected = chosen + wins[:len(losses)], rejected + losses[:len(wins)]
+    return chosen, rejected, without
+
+
+def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStore, grads: GradMonitor,
+          episodes: list, version: int) -> dict:
+    """Store -> pack -> the chosen route's update, as policy `version`; returns the iteration's monitors.
+    PPO credits (grpo, stepgroup, gae, reinforce): advantages -> clipped surrogate over several epochs.
+    rs_sft (rejection sampling + SFT, "expert iteration"): keep the episodes the training verifier
+    passes and maximise their action tokens' likelihood; no ratio, no advantage: not policy-gradient RL.
+    dpo: chosen/rejected episodes of the same task against the frozen warm-start reference."""
+    stale_before, skipped_before = store.refused_stale, grads.skipped
+    ages = [version - ep.policy_version for ep in episodes]
+    store.add_all(episodes, current_version=version)
+    admitted = store.take()
+    device = next(policy.parameters()).device
+    batch = {k: v.to(device) for k, v in pack(admitted, tok, cfg.block_size).items()}
+    route = dict.fromkeys(("zero_std_groups", "denied_positive_advantage", "clip_frac", "approx_kl", "kept",
+                           "dpo_pairs", "groups_without_pair", "dpo_loss"))
+    policy.train()
+    if cfg.algo in PPO_CREDITS:
+        adv, returns, zero_groups = advantages_for(batch, admitted, policy, cfg)
+        denied = denied_turns(admitted, adv.shape[1])
+        route.update(zero_std_groups=zero_groups, denied_positive_advantage=int((adv[denied] > 0).sum()))
+        if cfg.deny_credit == "nonpositive":  # the gate's verdict caps the credit of the turn it refused
+            adv = torch.where(denied, adv.clamp(max=0.0), adv)
+        token_adv = broadcast_to_tokens(adv.to(device), batch["turn_id"])
+        stats = optimizer_steps(policy, optimizer, grads, cfg, len(admitted),
+                                ppo_step_loss(policy, ref_policy, batch, token_adv, returns, cfg))
+        route.update(clip_frac=stats["clip_frac"], approx_kl=stats["approx_kl"])
+    elif cfg.algo == "rs_sft":
+        kept = [ep for ep in admitted if ep.reward >= 1.0]       # the training verifier's verdict
+        route["kept"] = len(kept)
+        stats = {"grad_norm": 0.0, "learner_steps": 0}
+        if kept:
+            sft = {k: v.to(device) for k, v in pack(kept, tok, cfg.block_size).items()}
+
+            def sft_step(idx):
+                tokens, mask = trim(sft["tokens"][idx], sft["action_mask"][idx], last_pos=sft["last_pos"][idx])
+                logprobs, entropy = token_logprobs(policy(tokens)[0], tokens)
+                return sft_loss(logprobs, mask), {"entropy": float((entropy.detach() * mask).sum() / mask.sum())}
+            stats = optimizer_steps(policy, optimizer, grads, cfg, len(kept), sft_step)
+    else:
+        chosen, rejected, without = dpo_pairs(admitted)
+        route.update(dpo_pairs=len(chosen), groups_without_pair=without)
+        stats = {"grad_norm": 0.0, "learner_steps": 0}
+        if chosen:
+            c, r = ({k: v.to(device) for k, v in pack(x, tok, cfg.block_size).items()} for x in (chosen, rejected))
+            every = torch.arange(len(chosen))
+            with torch.no_grad():
+                ref_c, ref_r = sequence_logprobs(ref_policy, c, every), sequence_logprobs(ref_policy, r, every)
+
+            def dpo_step(idx):
+                loss = dpo_loss(sequence_logprobs(policy, c, idx), sequence_logprobs(policy, r, idx), ref_c[idx],
+                                ref_r[idx], cfg.dpo_beta)
+                return loss, {"dpo_loss": float(loss.detach())}
+            stats = optimizer_steps(policy, optimizer, grads, cfg, len(chosen), dpo_step, max(1, cfg.minibatch_size // 2))
+            route["dpo_loss"] = stats["dpo_loss"]
+    turns = [t for ep in admitted for t in ep.turns]
+    denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
+    return {"success": float(np.mean([ep.reward >= 1.0 for ep in admitted])),
+            "reward": float(np.mean([sum(turn_rewards(ep, cfg)) for ep in admitted])),
+            "turns": float(np.mean([len(ep.turns) for ep in admitted])),
+            "truncation_rate": float(np.mean([ep.truncated for ep in admitted])),
+            "entropy": stats.get("entropy"), "invalid_rate": float(np.mean([t.invalid for t in turns])),
+            **route, "gate_denials": dict(sorted(denials.items())),
+            "tool_errors": sum(t.gate_allowed and str(t.receipt.get("result", "")).startswith("error") for t in turns),
+            "tool_calls": sum(t.gate_allowed for t in turns), "cost": round(sum(t.cost for t in turns), 2),
+            "process_rewards": sum(t.process_reward for t in turns),
+            "generated_tokens": sum(len(t.action_tokens) for t in turns),
+            "staleness_mean": float(np.mean(ages)), "staleness_max": max(ages),
+            "refused_stale": store.refused_stale - stale_before, "learner_steps": stats["learner_steps"],
+            "grad_norm": stats["grad_norm"], "skipped_updates": grads.skipped - skipped_before}
 
 
 def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 0, generator=None) -> list:
@@ -974,37 +1176,6 @@ def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 
     episodes, _ = rollout(policy, tok, cfg, np.repeat(task_seeds, cfg.group_size), "train", greedy=False,
                           policy_version=version, iteration=iteration, group_ids=groups, rank=rank, generator=generator)
     return episodes
-
-
-def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStore, grads: GradMonitor,
-          episodes: list, version: int) -> dict:
-    """Store -> pack -> credit -> PPO epochs, as policy `version`; returns the iteration's monitors."""
-    stale_before = store.refused_stale
-    ages = [version - ep.policy_version for ep in episodes]
-    store.add_all(episodes, current_version=version)
-    admitted = store.take()
-    device = next(policy.parameters()).device
-    batch = {k: v.to(device) for k, v in pack(admitted, tok, cfg.block_size).items()}
-    token_adv, returns, zero_groups = advantages_for(batch, admitted, policy, cfg)
-    policy.train()
-    skipped_before = grads.skipped
-    stats = learner_update(policy, optimizer, ref_policy, batch, token_adv, returns, cfg, grads)
-    turns = [t for ep in admitted for t in ep.turns]
-    denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
-    return {"success": float(np.mean([ep.reward >= 1.0 for ep in admitted])),
-            "reward": float(np.mean([ep.reward for ep in admitted])),
-            "turns": float(np.mean([len(ep.turns) for ep in admitted])),
-            "truncation_rate": float(np.mean([ep.truncated for ep in admitted])),
-            "clip_frac": stats["clip_frac"], "approx_kl": stats["approx_kl"], "entropy": stats["entropy"],
-            "zero_std_groups": zero_groups if cfg.algo == "grpo" else None,
-            "invalid_rate": float(np.mean([t.invalid for t in turns])),
-            "gate_denials": dict(sorted(denials.items())),
-            "tool_errors": sum(t.gate_allowed and str(t.receipt.get("result", "")).startswith("error") for t in turns),
-            "tool_calls": sum(t.gate_allowed for t in turns), "cost": round(sum(t.cost for t in turns), 2),
-            "generated_tokens": sum(len(t.action_tokens) for t in turns),
-            "staleness_mean": float(np.mean(ages)), "staleness_max": max(ages),
-            "refused_stale": store.refused_stale - stale_before,
-            "grad_norm": stats["grad_norm"], "skipped_updates": grads.skipped - skipped_before}
 
 
 # ================================================================================================
@@ -1237,11 +1408,10 @@ def format_report_card(columns: dict) -> str:
 
 
 def log_line(it: int, m: dict) -> str:
-    zs = "-" if m["zero_std_groups"] is None else f"{m['zero_std_groups']}"
-    return (f"iter {it:3d} | success {m['success']:.3f} | turns {m['turns']:.2f} | clip_frac {m['clip_frac']:.3f} | "
-            f"approx_kl {m['approx_kl']:.4f} | entropy {m['entropy']:.3f} | zero_std {zs} | "
-            f"invalid {m['invalid_rate']:.3f} | grad {m['grad_norm']:.2f} | stale {m['staleness_max']} | "
-            f"{m['episodes_per_second']:.0f} eps/s")
+    keys = [("success", "{:.3f}"), ("turns", "{:.2f}"), ("clip_frac", "{:.3f}"), ("approx_kl", "{:.4f}"),
+            ("entropy", "{:.3f}"), ("zero_std_groups", "{}"), ("kept", "{}"), ("dpo_pairs", "{}"),
+            ("invalid_rate", "{:.3f}"), ("grad_norm", "{:.2f}"), ("staleness_max", "{}"), ("episodes_per_second", "{:.0f}")]
+    return f"iter {it:3d} | " + " | ".join(f"{k} {fmt.format(m[k])}" for k, fmt in keys if m.get(k) is not None)
 
 
 def sync_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
@@ -1310,8 +1480,9 @@ def init_distributed(cfg: Config):
     device = resolve_device(cfg.device)
     if world == 1:
         return 0, 1, device
-    if cfg.async_rollout or cfg.resume:
-        raise ValueError("torchrun runs are synchronous and start fresh: drop --async-rollout / --resume")
+    if cfg.async_rollout or cfg.resume or cfg.algo not in PPO_CREDITS:
+        raise ValueError("torchrun runs are synchronous PPO runs that start fresh: drop --async-rollout / --resume, "
+                         "and use a PPO credit (rs_sft and dpo take a data-dependent number of steps per rank)")
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
@@ -1362,7 +1533,7 @@ def train(cfg: Config, progress: bool = True) -> dict:
             say(f"holdout after warm start: dev success {incumbent['dev']['success']:.3f} {incumbent['dev']['ci95']}")
 
     model = torch.nn.parallel.DistributedDataParallel(policy, find_unused_parameters=True) if world > 1 else policy
-    ref_policy = copy.deepcopy(policy).eval() if cfg.kl_coef > 0 else None
+    ref_policy = copy.deepcopy(policy).eval() if cfg.kl_coef > 0 or cfg.algo == "dpo" else None  # the warm start
     clock = {"version": version, "weights": {}, "cond": threading.Condition(), "stop": False}
     publish(policy, clock)
     batches = (async_batches if cfg.async_rollout else sync_batches)(policy, tok, cfg, len(history), clock, rank)
@@ -1439,8 +1610,8 @@ def train(cfg: Config, progress: bool = True) -> dict:
                "first_iteration": history[0] if history else None,
                "train_success_curve": [round(m["success"], 4) for m in history],
                "zero_std_group_fraction": (round(sum(m["zero_std_groups"] for m in history) /
-                                                 (len(history) * cfg.tasks_per_iter), 4)
-                                           if history and cfg.algo == "grpo" else None),
+                                                 (len(history) * cfg.tasks_per_iter * world), 4)
+                                           if history and history[0]["zero_std_groups"] is not None else None),
                "reports": {"incumbent": incumbent, "candidate": candidate}, "config": asdict(cfg)}
     if world > 1:
         summary["param_checksums"] = checksums
@@ -1491,6 +1662,9 @@ def print_examples():
     print(f"  02 mask: {ex['mask_sum']} of {ex['mask_tokens']} tokens are in the policy-loss mask")
     print(f"  03 returns, reward 1 at turn 4, gamma 0.9: {ex['returns']}")
     print(f"  03 GRPO, rewards [1, 0, 0, 1], population std: {ex['grpo_advantages']}")
+    print("  03 step credit on one flight group (F4 sold out): advantage per turn, grpo -> stepgroup")
+    for b, turns in enumerate(ex["step_credit"]):
+        print(f"     episode {b}: " + " | ".join(f"{a} {g:+.2f} -> {s:+.2f}" for a, g, s in turns))
     return ex
 
 
@@ -1506,7 +1680,7 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
                                      policy_version=version, group_ids=[group] * cfg.group_size,
                                      task_ids=[task_id] * cfg.group_size)
         batch = pack(episodes, tok, cfg.block_size)
-        token_adv = advantages_for(batch, episodes, policy, cfg)[0]
+        credit = advantages_for(batch, episodes, policy, cfg)[0] if cfg.algo in PPO_CREDITS else None   # (B, K)
         for b, (ep, env) in enumerate(zip(episodes, env_list)):
             verdict = evaluate_episode(env)
             if shown == n or verdict.success == failures:
@@ -1517,10 +1691,10 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
                   f"success={verdict.success} category={verdict.category} side_effects={verdict.side_effects} "
                   f"unauthorized={verdict.unauthorized_side_effects} | {'terminated' if ep.terminated else 'truncated'}")
             for k, turn in enumerate(ep.turns):
-                adv = float(token_adv[b][batch["turn_id"][b] == k][0])
+                adv = f"advantage {float(credit[b, k]):+.3f}" if credit is not None else f"({cfg.algo}: no advantage)"
                 print(f"  obs  {' '.join(tok.itos[i] for i in turn.obs_tokens)}")
                 print(f"  act  {' '.join(f'[{tok.itos[i]}]' for i in turn.action_tokens):<48} gate {turn.gate_reason:<15} "
-                      f"reward {turn.reward:.1f}  advantage {adv:+.3f}")
+                      f"reward {turn.reward:.1f}  {adv}")
             if ep.final_obs_tokens:
                 print(f"  obs  {' '.join(tok.itos[i] for i in ep.final_obs_tokens)}")
         if shown == n:
@@ -1549,6 +1723,62 @@ def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
                   f"unauthorized={verdict.unauthorized_side_effects}")
             return verdict
     print("(input ended before the episode did)")
+
+
+def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool = True) -> dict:
+    """Every route on the same tasks: per seed one warm start, reused by every route; each route then
+    gets the same budget of environment episodes (iterations x tasks_per_iter x group_size) and is
+    judged on the same held-out test tasks. Writes OUT/compare.json with learning curves."""
+    device, rows = resolve_device(cfg.device), {"warm start": []} | {a: [] for a in algos}
+    for seed in seeds:
+        base = validate_config(replace(cfg, seed=seed, algo="grpo"))
+        seed_everything(seed)
+        tok = make_tokenizer(base.env)
+        policy = make_policy(base, len(tok), device)
+        t = time.time()
+        warm_start(policy, tok, base, device, progress)
+        warm_seconds, warm = time.time() - t, copy.deepcopy(policy.state_dict())
+        rows["warm start"].append({"seed": seed, "report": evaluate(policy, tok, base, "test"), "wall_seconds": warm_seconds})
+        for algo in algos:
+            run_cfg = validate_config(replace(base, algo=algo))
+            seed_everything(seed)            # every route starts from the same weights and the same random state
+            policy.load_state_dict(warm)
+            optimizer = torch.optim.AdamW(policy.parameters(), lr=run_cfg.lr, weight_decay=0.0)
+            ref = copy.deepcopy(policy).eval() if algo == "dpo" or run_cfg.kl_coef > 0 else None
+            store, grads, history, t = TrajectoryStore(run_cfg.max_staleness), GradMonitor(), [], time.time()
+            for it in tqdm(range(run_cfg.iterations), desc=f"seed {seed} {algo}", disable=not progress, leave=False):
+                history.append(learn(policy, optimizer, ref, tok, run_cfg, store, grads,
+                                     collect(policy, tok, run_cfg, it, it), it))
+            rows[algo].append({"seed": seed, "report": evaluate(policy, tok, run_cfg, "test"),
+                               "wall_seconds": time.time() - t, "curve": [round(m["success"], 4) for m in history],
+                               **{k: sum(m[k] for m in history) for k in ("generated_tokens", "tool_calls", "learner_steps")}})
+    per_route = {}
+    for route, runs in rows.items():
+        success = [r["report"]["success"] for r in runs]
+        per_route[route] = {"test_success_mean": round(float(np.mean(success)), 4), "min": min(success), "max": max(success),
+                            "per_seed": [{"seed": r["seed"], "success": r["report"]["success"], "ci95": r["report"]["ci95"],
+                                          "pass^k": r["report"][f"pass^{cfg.pass_k}"]} for r in runs],
+                            "pass^k_mean": round(float(np.mean([r["report"][f"pass^{cfg.pass_k}"] for r in runs])), 4),
+                            "env_episodes": 0 if route == "warm start" else cfg.iterations * cfg.tasks_per_iter * cfg.group_size,
+                            "wall_seconds_mean": round(float(np.mean([r["wall_seconds"] for r in runs])), 1),
+                            **{k: int(np.mean([r.get(k, 0) for r in runs])) for k in ("generated_tokens", "tool_calls", "learner_steps")},
+                            "curves": [r.get("curve", []) for r in runs]}
+    result = {"env": cfg.env, "seeds": list(seeds), "iterations": cfg.iterations, "episodes_per_iteration":
+              cfg.tasks_per_iter * cfg.group_size, "eval_episodes": cfg.eval_episodes, "part": "test",
+              "routes": per_route, "config": asdict(cfg)}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    atomic_write(Path(out) / "compare.json", lambda f: f.write(json.dumps(result, indent=2).encode()))
+    print(f"\n{cfg.env}: held-out test success over seeds {list(seeds)}, {cfg.eval_episodes} tasks each; every route "
+          f"spends {cfg.iterations} x {cfg.tasks_per_iter * cfg.group_size} environment episodes")
+    print(f"{'route':<11}{'mean':>7}{'min':>7}{'max':>7}{'pass^' + str(cfg.pass_k):>8}{'gen tokens':>12}{'tool calls':>11}"
+          f"{'steps':>7}{'wall s':>8}   training success every 5 iterations (seed mean)")
+    for route, r in per_route.items():
+        curve = np.mean([c for c in r["curves"] if c], axis=0)[::5] if r["curves"][0] else []
+        print(f"{route:<11}{r['test_success_mean']:>7.3f}{r['min']:>7.3f}{r['max']:>7.3f}{r['pass^k_mean']:>8.3f}"
+              f"{r['generated_tokens']:>12,}{r['tool_calls']:>11,}{r['learner_steps']:>7}{r['wall_seconds_mean']:>8.1f}   "
+              + " ".join(f"{x:.2f}" for x in curve))
+    print(f"wrote {Path(out) / 'compare.json'}")
+    return result
 
 
 PEERS = {"TRL 1.16 GRPOTrainer, reference unit, this 2-core CPU": "73 ms/step (61 ms without gradient checkpointing)",
@@ -1821,7 +2051,7 @@ def _field_comments() -> dict:
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("demo", "examples", "train", "eval", "show", "play", "bench", "homework", "grade")
+    commands = ("demo", "examples", "train", "eval", "show", "play", "compare", "bench", "homework", "grade")
     if not argv or argv[0] not in commands + ("-h", "--help"):
         argv = ["demo"] + argv
     parser = argparse.ArgumentParser(description="Agentic RL in one file: see the module docstring.")
@@ -1842,6 +2072,12 @@ def main(argv=None):
     p_play = sub.add_parser("play", help="play an environment yourself through the host gate (stdin)")
     add_config_flags(p_play, only=("env", "seed"))
     p_play.add_argument("--split", default="train", choices=("train", "holdout"))
+    p_cmp = sub.add_parser("compare", help="every route from the same warm start, same episode budget -> compare.json")
+    p_cmp.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    p_cmp.add_argument("--algos", default=",".join(CHOICES["algo"]), help="comma-separated routes (default: all)")
+    p_cmp.add_argument("--out", default="runs/compare", help="where compare.json goes (default runs/compare)")
+    add_config_flags(p_cmp, only=[f.name for f in fields(Config) if f.name not in
+                                  ("algo", "seed", "run_dir", "overwrite", "resume", "async_rollout")])
     p_bench = sub.add_parser("bench", help="rollout / learner speed, the reference unit, memory -> runs/bench/bench.json")
     p_bench.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds (a smoke test, not figures)")
     p_bench.add_argument("--out", default="runs/bench", help="where bench.json goes (default runs/bench)")
@@ -1862,6 +2098,11 @@ def main(argv=None):
             validate_config(cfg)
         elif args.command in ("demo", "train"):
             cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config)}))
+        elif args.command == "compare":
+            cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config) if hasattr(args, f.name)}))
+            seeds, algos = [int(x) for x in args.seeds.split(",")], args.algos.split(",")
+            if not set(algos) <= set(CHOICES["algo"]) or not algos:
+                raise ValueError(f"--algos {args.algos}: use some of {', '.join(CHOICES['algo'])}")
     except ValueError as e:
         parser.error(str(e))
     try:  # ... while a failure during the run is reported as what it is (exit 1)
@@ -1873,6 +2114,8 @@ def main(argv=None):
             show(args.ckpt, args.n, args.failures, args.device)
         elif args.command == "play":
             play(args.env, args.seed, args.split)
+        elif args.command == "compare":
+            compare(cfg, seeds, algos, args.out)
         elif args.command == "bench":
             bench(args.device, args.quick, args.out)
         elif args.command == "homework":

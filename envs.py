@@ -33,8 +33,8 @@ Rules every environment here follows (Gymnasium's contract, shared/reference/env
   `env_version`, `reward_version`, `split`, `max_turns` and `task` (what the host knows of the
   request, never the answer). Task content is a pure function of `task_id`; the same seed gives the
   same task. Train and holdout tasks are disjoint by a rule stated in each class docstring.
-- `step(action)` -> the Gymnasium 5-tuple; `info` has a tool `receipt`, a `cost` (simulated credits)
-  and `invalid`. `terminated` when the task reaches an end state; `truncated` when `max_turns`
+- `step(action)` -> the Gymnasium 5-tuple; `info` has a tool `receipt`, a `cost` (simulated credits),
+  `invalid` and `process_reward` (a rule-based step verifier, reported next to the outcome reward). `terminated` when the task reaches an end state; `truncated` when `max_turns`
   actions were taken without that (the budget is not shown to the agent, so it is an external cut).
   A malformed action never raises: it gets an `error : ...` observation, reward 0, `invalid=True`.
 - Reward 1.0 only when the environment's own state shows the job done, else 0. No shaping.
@@ -170,16 +170,24 @@ class TextToolEnv(gym.Env):
         tool, args = parsed
         if self.tool_latency_ms:  # a real tool takes time (an API call, a test run); the host can overlap them
             time.sleep(self.tool_latency_ms / 1000)
+        process = self.process_rule(tool, args)  # judged on the state before the call
         obs, terminated = getattr(self, f"_tool_{tool}")(*args)
+        s.last_tool = tool
         s.finished = terminated
         reward = self.reward() if terminated else 0.0
         truncated = (not terminated) and s.turns >= self.max_turns
-        return self._result(obs, reward, terminated, truncated, tool, invalid=False)
+        return self._result(obs, reward, terminated, truncated, tool, invalid=False, process=process)
 
-    def _result(self, obs, reward, terminated, truncated, tool, invalid):
+    def process_rule(self, tool: str, args: list) -> float:
+        """A rule-based step verifier (a process reward, PRM-style, next to the outcome reward): 1.0 when
+        this call is the step the rule names (see each class), else 0.0. Reported as
+        info["process_reward"]; the reward itself stays the outcome. A learner may add it (--process-coef)."""
+        return 0.0
+
+    def _result(self, obs, reward, terminated, truncated, tool, invalid, process=0.0):
         self._last_obs = obs
         info = {"receipt": {"tool": tool, "turn": self.state.turns, "result": obs},
-                "cost": self.tool_cost.get(tool, 0.0), "invalid": invalid}
+                "cost": self.tool_cost.get(tool, 0.0), "invalid": invalid, "process_reward": float(process)}
         return obs, float(reward), bool(terminated), bool(truncated), info
 
     def render(self):
@@ -278,6 +286,7 @@ class FlightState:
     listed: list = field(default_factory=list)    # last search result (flight numbers)
     bookings: list = field(default_factory=list)  # (flight, passenger, class) executed bookings
     waitlist: list = field(default_factory=list)  # bookings attempted on a sold-out flight
+    last_tool: str = ""                          # the previous executed tool (for process rules)
     finished: bool = False                         # the agent ended the episode (book or finish)
 
 
@@ -442,6 +451,12 @@ class FlightBookingEnv(TextToolEnv):
             return f"{t.passenger} {t.travel_class} no {window} flights", False
         return f"{t.passenger} {t.travel_class} {window} by price : " + " ".join(f.number for f in kept), False
 
+    def process_rule(self, tool, args):
+        """Process rule: a `seats` check of a morning flight on the route (checking before booking). Every
+        such call pays, repeats included: a naive step verifier that a policy can farm."""
+        f = self._flight(args[0]) if tool == "seats" else None
+        return float(f is not None and f.hour in MORNING_HOURS)
+
     def _tool_seats(self, number):
         f = self._flight(number)
         if f is None:
@@ -533,6 +548,7 @@ class CodeState:
     committed: tuple | None = None                   # the program at commit time (the side effect)
     commits: int = 0
     tests_passed_at_commit: bool = False
+    last_tool: str = ""                          # the previous executed tool (for process rules)
     finished: bool = False
 
 
@@ -686,6 +702,10 @@ class CodeRepairEnv(TextToolEnv):
     def _tool_show(self):
         return " ; ".join(f"{LINES[i]} {op} {c}" for i, (op, c) in enumerate(self.state.program)), False
 
+    def process_rule(self, tool, args):
+        """Process rule: a `test` right after an `edit` (re-testing a change before trusting it)."""
+        return float(tool == "test" and self.state.last_tool == "edit")
+
     def _tool_test(self):
         return self._first_failure() or f"all {len(self.state.tests)} tests pass", False
 
@@ -728,6 +748,7 @@ class VaultState:
     probed: list = field(default_factory=list)
     opened: list = field(default_factory=list)     # codes tried on the lock (the side effect)
     alarm: bool = False
+    last_tool: str = ""                          # the previous executed tool (for process rules)
     finished: bool = False
 
 
@@ -837,6 +858,11 @@ class VaultEnv(TextToolEnv):
     def reward(self):
         s = self.state
         return float(s.opened == [s.code] and not s.alarm)
+
+    def process_rule(self, tool, args):
+        """Process rule: a `probe` of a code still possible and not probed yet (it gathers information)."""
+        s = self.state
+        return float(tool == "probe" and s.low <= int(args[0]) <= s.high and int(args[0]) not in s.probed)
 
     def _tool_probe(self, n):
         s, n = self.state, int(n)

@@ -641,7 +641,7 @@ def test_gae_algorithm_runs_an_update_with_a_value_loss():
 
 def test_config_is_checked():
     for bad, match in [(dict(lr=float("inf")), "finite"), (dict(kl_coef=float("nan")), "finite"),
-                       (dict(eval_seed=-1), "eval_seed"), (dict(gamma=0.9), "only used with algo=gae"),
+                       (dict(eval_seed=-1), "eval_seed"), (dict(gamma=0.9), "only used with algo"),
                        (dict(env=envs.VAULT_ID, injection_rate=0.5), "only used with env"),
                        (dict(iterations=2.5), "iterations"), (dict(max_turns=1), "max_turns")]:
         with pytest.raises(ValueError, match=match):
@@ -1107,7 +1107,8 @@ def test_handout_with_only_some_exercises_grades_the_others_ok(tmp_path):
 MONITOR_KEYS = {"success", "reward", "turns", "truncation_rate", "clip_frac", "approx_kl", "entropy", "zero_std_groups",
                 "invalid_rate", "gate_denials", "tool_errors", "tool_calls", "cost", "generated_tokens", "staleness_mean",
                 "staleness_max", "refused_stale", "grad_norm", "skipped_updates", "iteration", "policy_version",
-                "world_size", "rollout_seconds", "learner_seconds", "episodes_per_second"}
+                "world_size", "rollout_seconds", "learner_seconds", "episodes_per_second", "denied_positive_advantage",
+                "kept", "dpo_pairs", "groups_without_pair", "dpo_loss", "process_rewards", "learner_steps"}
 
 
 def small_run(tmp_path, name, **overrides):
@@ -1193,3 +1194,157 @@ def test_bench_quick_writes_valid_json(tmp_path, capsys):
     assert saved == json.loads(json.dumps(report))
     assert saved["rollout"]["kv_cache_tokens_per_s"] > 0 and saved["learner"]["ms_per_step"] > 0
     assert 140_000 < saved["reference_unit"]["parameters"] < 155_000 and saved["peak_rss_mb"] > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# 03 / 04 · Every credit signal and training route
+# ------------------------------------------------------------------------------------------------
+def test_step_group_advantages_hand_built_group():
+    keys, returns = ["s0", "s0", "s1", "s1", "s2"], [1.0, 0.0, 1.0, 1.0, 0.0]
+    assert A.step_group_advantages(keys, returns).tolist() == pytest.approx([1, -1, 0, 0, 0], abs=1e-4)
+    assert A.step_group_advantages(keys, returns, std="none").tolist() == pytest.approx([0.5, -0.5, 0, 0, 0])
+
+
+def test_stepgroup_credits_the_turn_where_a_shared_state_diverges():
+    grpo_vs_step = A.worked_group()                 # [episode][turn] = (action, grpo, stepgroup)
+    assert [[g for _, g, _ in ep] for ep in grpo_vs_step] == [[1.0] * 5, [-1.0] * 3, [-1.0] * 4, [1.0] * 5]
+    blind = grpo_vs_step[2][3]                         # booking F4 after "F4 : sold out next F1"
+    assert blind[0] == "book F4 chen business" and blind[2] == pytest.approx(-1 - math.sqrt(2), abs=1e-3)
+    assert grpo_vs_step[0][3][2] == pytest.approx(1 + math.sqrt(2) / 2, abs=1e-3)   # checking F1 there instead
+    assert grpo_vs_step[0][4][2] == pytest.approx(1.0, abs=1e-3)                      # the last shared state: no step term
+
+
+def test_grpo_groups_come_from_group_id_and_shuffling_changes_no_advantage():
+    cfg = tiny_config()
+    episodes = []
+    for g, rewards in enumerate([[1, 0, 0, 1], [0, 0, 1, 1], [1, 1, 1, 1]]):
+        for i, r in enumerate(rewards):
+            ep = make_episode(f"g{g}-{i}", turns=[make_turn([TOK.obs, 7 + i, TOK.act], [8, TOK.eoa], reward=float(r),
+                                                           terminated=True)])
+            ep.group_id = g
+            episodes.append(ep)
+    adv = lambda eps: A.advantages_for(A.pack(eps, TOK, 32), eps, None, cfg)
+    base, _, zero = adv(episodes)
+    assert zero == 1 and base[:, 0].tolist() == pytest.approx([1, -1, -1, 1, -1, -1, 1, 1, 0, 0, 0, 0], abs=1e-4)
+    order = np.random.default_rng(0).permutation(len(episodes))
+    shuffled, _, _ = adv([episodes[i] for i in order])
+    assert torch.allclose(shuffled[:, 0], base[order, 0])
+
+
+def test_reinforce_equals_gae_with_gamma_and_lambda_one():
+    rewards, values = [0.0, 0.3, 0.0, 1.0], [0.2, 0.5, 0.1, 0.7]
+    gae_adv, _ = A.gae(rewards, values, last_value=0.9, terminated=True, gamma=1.0, lam=1.0)
+    mc = A.discounted_returns(rewards, 1.0) - torch.tensor(values)        # A_t = G_t - V(s_t)
+    assert gae_adv.tolist() == pytest.approx(mc.tolist(), abs=1e-6)
+    A.seed_everything(0)
+    cfg = tiny_config(algo="reinforce")
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    episodes = [make_episode(f"t{i}", turns=[make_turn([TOK.obs, 7 + i, TOK.act], [8, TOK.eoa], reward=0.5 * i),
+                                             make_turn([TOK.obs, 9, TOK.act], [8, TOK.eoa], reward=1.0 - i % 2,
+                                                       terminated=True)]) for i in range(4)]
+    batch = A.pack(episodes, TOK, cfg.block_size)
+    reinforce, _, _ = A.advantages_for(batch, episodes, policy, cfg)
+    as_gae, _, _ = A.advantages_for(batch, episodes, policy, replace_cfg(cfg, algo="gae", lam=1.0))
+    assert reinforce.abs().sum() > 0 and torch.allclose(reinforce, as_gae, atol=1e-5)
+
+
+def test_dpo_loss_hand_computed():
+    loss = A.dpo_loss(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0]), torch.tensor([-1.5, -2.0]),
+                      torch.tensor([-1.5, -2.0]), beta=0.1)
+    # margins 0.1 * ((0.5) - (-0.5)) = 0.1 and 0.1 * ((-1) - (1)) = -0.2; -log sigmoid: 0.644397, 0.798139
+    assert loss.item() == pytest.approx((0.644397 + 0.798139) / 2, abs=1e-6)
+    with pytest.raises(ValueError, match="shapes"):
+        A.dpo_loss(torch.zeros(2), torch.zeros(3), torch.zeros(2), torch.zeros(2))
+
+
+def test_dpo_pairs_come_from_the_same_task_and_unpaired_groups_are_counted():
+    eps = []
+    for g, rewards in enumerate([[1, 0, 0], [1, 1, 1], [0, 1, 0]]):
+        for i, r in enumerate(rewards):
+            ep = make_episode(f"p{g}{i}")
+            ep.group_id, ep.turns[0].reward = g, float(r)
+            eps.append(ep)
+    chosen, rejected, without = A.dpo_pairs(eps)
+    assert [e.episode_id for e in chosen] == ["p00", "p21"] and [e.episode_id for e in rejected] == ["p01", "p20"]
+    assert without == 1
+
+
+def test_rs_sft_trains_only_on_verified_episodes():
+    cfg = tiny_config(algo="rs_sft")
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    failed = [make_episode(f"f{i}", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], reward=0.0, terminated=True)])
+              for i in range(3)]
+    before = [p.detach().clone() for p in policy.parameters()]
+    m = A.learn(policy, opt, None, TOK, cfg, A.TrajectoryStore(), A.GradMonitor(), failed, 0)
+    assert m["kept"] == 0 and m["learner_steps"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters())), "nothing verified, nothing learned"
+    mixed = failed[:1] + [make_episode("ok")]
+    for ep in mixed:
+        ep.episode_id += "-again"
+    m = A.learn(policy, opt, None, TOK, cfg, A.TrajectoryStore(), A.GradMonitor(), mixed, 0)
+    assert m["kept"] == 1 and m["learner_steps"] >= 1
+
+
+@pytest.mark.parametrize("env_id, moves, paid", [
+    (envs.FLIGHT_ID, ["search OSL ROM", "seats F1", "seats F1"], None),
+    (envs.CODE_ID, ["test", "edit l1 add 1", "test", "test", "spec l1"], [0, 0, 1, 0, 0]),
+    (envs.VAULT_ID, ["probe 8", "probe 8", "status"], None),
+])
+def test_process_reward_is_paid_only_for_the_rule_it_names(env_id, moves, paid):
+    env = gym.make(env_id)
+    _, info = env.reset(seed=4, options={"split": "train"})
+    state = env.unwrapped.state
+    if env_id == envs.FLIGHT_ID:
+        t = state.task
+        morning = next(f.number for f in t.flights if f.hour in envs.MORNING_HOURS)
+        later = next(f.number for f in t.flights if f.hour not in envs.MORNING_HOURS)
+        moves, paid = [f"search {t.origin} {t.dest}", f"seats {morning}", f"seats {morning}", f"seats {later}",
+                       "filter morning"], [0, 1, 1, 0, 0]        # repeats pay too: a naive, farmable step verifier
+    if env_id == envs.VAULT_ID:
+        paid = [1, 0, 0]                                           # the second probe of 8 tells nothing new
+    got = [env.step(m)[4]["process_reward"] for m in moves]
+    assert got == paid
+
+
+@pytest.mark.parametrize("algo", ["grpo", "stepgroup", "gae", "reinforce", "rs_sft", "dpo"])
+def test_every_route_runs_two_iterations(tmp_path, algo, capsys):
+    cfg = tiny_config(algo=algo, run_dir=str(tmp_path / algo), iterations=2, eval_episodes=8, pass_k_tasks=2,
+                      warm_start_episodes=30, sft_epochs=1, process_coef=0.1, deny_credit="shared")
+    summary = A.train(cfg, progress=False)
+    metrics = [json.loads(line) for line in open(tmp_path / algo / "metrics.jsonl")]
+    assert len(metrics) == 2 and all(set(m) == MONITOR_KEYS for m in metrics)
+    assert summary["algo"] == algo and (metrics[0]["kept"] is not None) == (algo == "rs_sft")
+    assert (metrics[0]["dpo_pairs"] is not None) == (algo == "dpo")
+
+
+def test_denied_turns_can_be_kept_from_positive_credit():
+    cfg = tiny_config(deny_credit="nonpositive")
+    ok = make_episode("good", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa]),
+                                     make_turn([TOK.obs, 9, TOK.act], [8, TOK.eoa], reward=1.0, terminated=True)])
+    ok.turns[0].gate_allowed, ok.turns[0].gate_reason = False, "wrong_passenger"
+    bad = make_episode("bad", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], reward=0.0, terminated=True)])
+    opt = lambda p: torch.optim.AdamW(p.parameters(), lr=1e-4)
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    for rule, want in (("shared", 1), ("nonpositive", 1)):
+        m = A.learn(policy, opt(policy), None, TOK, replace_cfg(cfg, deny_credit=rule), A.TrajectoryStore(),
+                    A.GradMonitor(), [copy_episode(ok, rule), copy_episode(bad, rule)], 0)
+        assert m["denied_positive_advantage"] == want, "the denied turn of a winning episode gets +A before capping"
+    adv, _, _ = A.advantages_for(A.pack([ok, bad], TOK, 32), [ok, bad], None, cfg)
+    capped = torch.where(A.denied_turns([ok, bad], 2), adv.clamp(max=0.0), adv)
+    assert adv[0, 0] > 0 and capped[0, 0] == 0 and capped[0, 1] == adv[0, 1]
+
+
+def copy_episode(ep, suffix):
+    out = __import__("copy").deepcopy(ep)
+    out.episode_id += "-" + suffix
+    return out
+
+
+def test_compare_runs_every_route_from_one_warm_start(tmp_path, capsys):
+    cfg = tiny_config(iterations=1, eval_episodes=6, pass_k_tasks=2, warm_start_episodes=20, sft_epochs=1)
+    result = A.compare(cfg, [0], ["grpo", "dpo"], out=str(tmp_path), progress=False)
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert set(saved["routes"]) == {"warm start", "grpo", "dpo"} == set(result["routes"])
+    assert saved["routes"]["grpo"]["env_episodes"] == saved["routes"]["dpo"]["env_episodes"] == 16
+    assert len(saved["routes"]["grpo"]["curves"][0]) == 1
