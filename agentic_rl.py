@@ -288,8 +288,9 @@ class HostGate:
     be traded off against success, a gate cannot.
     """
 
-    def __init__(self, env_cls, task: dict, max_turns: int):
+    def __init__(self, env_cls, task: dict, max_turns: int, episode=None):
         self.env_class, self.task, self.max_turns = env_cls, task, max_turns
+        self.episode = episode     # (raw env, its episode_count) when built by for_env: the gate serves that episode only
         self.turns = 0
         self.executed = []         # (tool, args, observation) of every call the environment executed
         self.denials = Counter()
@@ -300,7 +301,7 @@ class HostGate:
         raw = env.unwrapped
         if getattr(raw, "host_task", None) is None:
             raise ValueError("HostGate.for_env(env): env has no task yet; call env.reset(seed=...) first")
-        return cls(type(raw), dict(raw.host_task), raw.max_turns)
+        return cls(type(raw), dict(raw.host_task), raw.max_turns, (raw, raw.episode_count))
 
     def authorize(self, action_text: str) -> GateDecision:
         self.turns += 1  # every proposal spends a turn, allowed or not
@@ -329,15 +330,19 @@ class HostGate:
 
 
 def host_step(env, gate: HostGate, action_text: str):
-    """validate_and_authorize -> env.step. A denial is answered by the host and costs a turn."""
+    """validate_and_authorize -> env.step. A denial is answered by the host and costs a turn; an allowed
+    action is executed exactly as checked (its words, re-joined)."""
+    if gate.episode is not None and gate.episode != (env.unwrapped, env.unwrapped.episode_count):
+        raise ValueError("this HostGate was built for another episode (the env was reset since): "
+                         "build a new one with HostGate.for_env(env) after every reset")
     decision = gate.authorize(action_text)
     if not decision.allowed:
         obs = f"denied : {decision.reason}"
         info = {"receipt": {"denied": decision.reason}, "cost": 0.0,
                 "invalid": decision.reason in ("unknown_tool", "bad_arguments")}
         return obs, 0.0, False, gate.budget_spent, info, decision
-    obs, reward, terminated, truncated, info = env.step(action_text)
     words = action_text.split()
+    obs, reward, terminated, truncated, info = env.step(" ".join(words))
     gate.executed.append((words[0], words[1:], obs))
     truncated = (truncated or gate.budget_spent) and not terminated  # terminated wins over the budget
     return obs, reward, terminated, truncated, info, decision

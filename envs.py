@@ -120,6 +120,7 @@ class TextToolEnv(gym.Env):
         self.action_space = ToolText(max_length=64, min_length=0, charset=CHARSET)
         self.state = None
         self.host_task: dict | None = None
+        self.episode_count = 0                     # which episode this is (a host gate binds to one)
         self._last_obs = ""
 
     # what a subclass provides
@@ -149,6 +150,7 @@ class TextToolEnv(gym.Env):
         task = self.make_task(int(task_id))
         if "split" in options and self.split_of(task) != split:
             raise ValueError(f"options: task_id {task_id} is a {self.split_of(task)} task, not {split}")
+        self.episode_count += 1
         self.state = self.new_state(task)
         self.host_task = self.host_view(task)
         self._last_obs = obs = self.prompt(task)

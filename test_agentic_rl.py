@@ -935,6 +935,17 @@ def test_hw_permission_rule_vault_denied_open_is_never_executed():
     assert (obs, reward, terminated) == ("vault open", 1.0, True)
 
 
+def test_a_gate_is_bound_to_its_episode():
+    env = gym.make(envs.ENV_ID)
+    env.reset(seed=1)
+    gate = A.HostGate.for_env(env)
+    A.host_step(env, gate, "filter morning")
+    env.reset(seed=2)                                           # a new episode, maybe another passenger
+    with pytest.raises(ValueError, match="another episode"):
+        A.host_step(env, gate, "filter morning")
+    assert A.host_step(env, A.HostGate.for_env(env), "filter  morning")[-1].allowed   # a fresh gate; spaces normalised
+
+
 def test_permission_rules_belong_to_the_environment_so_subclasses_keep_them():
     class MyFlights(envs.FlightBookingEnv):
         pass
