@@ -1119,7 +1119,8 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
     if cfg.algo in PPO_CREDITS:
         adv, returns, zero_groups = advantages_for(batch, admitted, policy, cfg)
         denied = denied_turns(admitted, adv.shape[1])
-        route.update(zero_std_groups=zero_groups, denied_positive_advantage=int((adv[denied] > 0).sum()))
+        route.update(zero_std_groups=zero_groups if cfg.algo in ("grpo", "stepgroup") else None,
+                     denied_positive_advantage=int((adv[denied] > 0).sum()))
         if cfg.deny_credit == "nonpositive":  # the gate's verdict caps the credit of the turn it refused
             adv = torch.where(denied, adv.clamp(max=0.0), adv)
         token_adv = broadcast_to_tokens(adv.to(device), batch["turn_id"])
@@ -1181,6 +1182,201 @@ def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 
     episodes, _ = rollout(policy, tok, cfg, np.repeat(task_seeds, cfg.group_size), "train", greedy=False,
                           policy_version=version, iteration=iteration, group_ids=groups, rank=rank, generator=generator)
     return episodes
+
+
+CHECKPOINT_FORMAT = "agentic-rl-checkpoint-2"
+
+
+def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
+    """Only tensors, numbers, strings, lists and dicts, so it loads with weights_only=True (no pickled
+    code); with the format, environment and vocabulary that a loader checks. Written atomically."""
+    cls = env_class(cfg.env)
+    atomic_write(path, lambda f: torch.save({
+        "format": CHECKPOINT_FORMAT, "env_id": cfg.env, "env_version": cls.env_version,
+        "reward_version": cls.reward_version, "vocab": tok.itos, "config": asdict(cfg),
+        "policy_version": policy_version, "model": policy.state_dict()}, f))
+
+
+def load_checkpoint(path, device):
+    """Refuses, with the reason, anything it cannot trust: a pickled payload (weights_only=True never
+    runs code), another format, an environment or vocabulary this version does not have."""
+    if not Path(path).is_file():
+        raise ValueError(f"--ckpt {path}: no such file; train first (python agentic_rl.py train)")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # an unpickling error, a truncated file, ...: refuse, never execute
+        raise ValueError(f"--ckpt {path}: not a checkpoint this version can load safely ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:200]})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"--ckpt {path}: format {ckpt.get('format') if isinstance(ckpt, dict) else None!r}, "
+                         f"expected {CHECKPOINT_FORMAT!r}; retrain it with this version")
+    env_id = ckpt.get("env_id")
+    if env_id not in envs.ENV_IDS or ckpt.get("config", {}).get("env") != env_id:
+        raise ValueError(f"--ckpt {path}: environment {env_id!r} is not one of {', '.join(envs.ENV_IDS)}")
+    cls = env_class(env_id)
+    if (ckpt.get("env_version"), ckpt.get("reward_version")) != (cls.env_version, cls.reward_version):
+        raise ValueError(f"--ckpt {path}: trained on {env_id} {ckpt.get('env_version')}/{ckpt.get('reward_version')}, "
+                         f"this version has {cls.env_version}/{cls.reward_version}; retrain it")
+    if ckpt.get("vocab") != make_tokenizer(env_id).itos:
+        raise ValueError(f"--ckpt {path}: its vocabulary differs from {env_id}'s; retrain it with this version")
+    unknown = set(ckpt["config"]) - {f.name for f in fields(Config)}
+    if unknown:
+        raise ValueError(f"--ckpt {path}: unknown config fields {sorted(unknown)}; retrain it with this version")
+    cfg = Config(**ckpt["config"])
+    tok = Tokenizer(ckpt["vocab"])
+    policy = make_policy(cfg, len(tok), device)
+    policy.load_state_dict(ckpt["model"])
+    return policy, tok, cfg, ckpt["policy_version"]
+
+
+def atomic_write(path, write):
+    """Write to a temporary file beside `path`, then rename: a crash or a full disk never leaves a
+    half-written checkpoint or summary where a good one was."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt")
+
+
+def prepare_run_dir(cfg: Config) -> Path:
+    """A run directory holds one run: refuse one that holds another run unless --overwrite, and then
+    delete that run's files first, so a directory never mixes two runs even if this one is interrupted."""
+    run = Path(cfg.run_dir)
+    old = [name for name in RUN_FILES if (run / name).exists()]
+    if old and not cfg.overwrite:
+        raise ValueError(f"run_dir={cfg.run_dir}: holds another run ({', '.join(old)}); pass --overwrite to "
+                         f"replace it or choose a new --run-dir")
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+        for name in old:
+            (run / name).unlink()
+        atomic_write(run / "metrics.jsonl", lambda f: None)  # fail now, not after training, if it is not writable
+    except OSError as e:
+        raise ValueError(f"run_dir={cfg.run_dir}: cannot write there ({e.strerror})") from None
+    return run
+
+
+def sync_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
+    """Synchronous rollout: each batch is sampled by the current policy (staleness 0), then learned."""
+    for it in range(start, cfg.iterations):
+        t = time.time()
+        yield collect(policy, tok, cfg, clock["version"], it, rank), time.time() - t
+
+
+def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
+    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1
+    while the learner trains on batch it - 1; a queue of one batch sits between them. Staleness is
+    exactly 1 by schedule (the store still checks it), and the actor samples with its own random
+    generator, so the run stays reproducible. Threads suffice: torch releases the GIL in its kernels
+    and a waiting tool call releases it too, which is where the overlap pays (tool_latency_ms)."""
+    actor, out = copy.deepcopy(policy).eval(), queue.Queue(maxsize=1)
+    generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed * 7919 + rank)
+
+    def work():
+        try:
+            for it in range(start, cfg.iterations):
+                v = max(start, it - 1)
+                with clock["cond"]:
+                    clock["cond"].wait_for(lambda: v in clock["weights"] or clock["stop"])
+                    if clock["stop"]:
+                        return
+                    actor.load_state_dict(clock["weights"][v])
+                t = time.time()
+                out.put((collect(actor, tok, cfg, v, it, rank, generator), time.time() - t))
+        except BaseException as e:  # hand the failure to the learner instead of dying silently
+            out.put(e)
+    threading.Thread(target=work, daemon=True).start()
+    for _ in range(start, cfg.iterations):
+        item = out.get()
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+def publish(policy, clock: dict):
+    """The learner makes its new weights available to the actor (keeping the last two versions)."""
+    with clock["cond"]:
+        clock["weights"][clock["version"]] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        clock["weights"].pop(clock["version"] - 2, None)
+        clock["cond"].notify_all()
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+            "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict):
+    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
+    np.random.set_state((state["numpy"][0], np.array(state["numpy"][1], dtype=np.uint32), *state["numpy"][2:]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def init_distributed(cfg: Config):
+    """Under torchrun (WORLD_SIZE > 1): join the process group, gloo on CPU, nccl on CUDA. Returns
+    (rank, world_size, device). Plain `python agentic_rl.py` is a world of one and needs none of it."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = resolve_device(cfg.device)
+    if world == 1:
+        return 0, 1, device
+    if cfg.async_rollout or cfg.resume or cfg.algo not in PPO_CREDITS:
+        raise ValueError("torchrun runs are synchronous PPO runs that start fresh: drop --async-rollout / --resume, "
+                         "and use a PPO credit (rs_sft and dpo take a data-dependent number of steps per rank)")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return torch.distributed.get_rank(), world, device
+
+
+def save_run_state(run: Path, cfg, policy, optimizer, history, incumbent, warm, version, grads, store):
+    """state.pt after every iteration: all a resumed run needs to continue exactly (weights_only-safe)."""
+    atomic_write(run / "state.pt", lambda f: torch.save({
+        "format": CHECKPOINT_FORMAT, "config": asdict(cfg), "model": policy.state_dict(),
+        "optimizer": optimizer.state_dict(), "history": history, "incumbent": incumbent, "warm": warm,
+        "version": version, "grad_norms": list(grads.norms), "skipped_updates": grads.skipped,
+        "seen_ids": sorted(store.seen_ids), "rng": rng_state()}, f))
+
+
+def load_run_state(run_dir: str) -> dict:
+    path = Path(run_dir) / "state.pt"
+    if not path.is_file():
+        raise ValueError(f"--resume {run_dir}: no state.pt there; only a run started by this version can resume")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"--resume {run_dir}: state.pt cannot be loaded safely ({type(e).__name__})") from None
+    if state.get("format") != CHECKPOINT_FORMAT or state["config"].get("async_rollout"):
+        raise ValueError(f"--resume {run_dir}: not a resumable run of this version (asynchronous runs restart)")
+    if len(state["history"]) >= state["config"]["iterations"]:
+        raise ValueError(f"--resume {run_dir}: that run already finished its {state['config']['iterations']} iterations")
+    return state
+
+
+def log_line(it: int, m: dict) -> str:
+    keys = [("success", "{:.3f}"), ("turns", "{:.2f}"), ("clip_frac", "{:.3f}"), ("approx_kl", "{:.4f}"),
+            ("entropy", "{:.3f}"), ("zero_std_groups", "{}"), ("kept", "{}"), ("dpo_pairs", "{}"),
+            ("invalid_rate", "{:.3f}"), ("grad_norm", "{:.2f}"), ("staleness_max", "{}"), ("episodes_per_second", "{:.0f}")]
+    return f"iter {it:3d} | " + " | ".join(f"{k} {fmt.format(m[k])}" for k, fmt in keys if m.get(k) is not None)
+
+
+def learning_curve(values, width: int = 60, height: int = 6) -> str:
+    """A terminal plot of training success per iteration (sampled episodes, so noisier than holdout)."""
+    if not values:
+        return ""
+    cols = [float(np.mean(c)) for c in np.array_split(np.array(values), min(width, len(values)))]
+    lines = ["training success per iteration (sampled):"]
+    for h in range(height, 0, -1):
+        lines.append(f"{h / height:4.2f} |" + "".join("#" if v >= (h - 0.5) / height else " " for v in cols))
+    lines.append("     +" + "-" * len(cols) + f"  iterations 0..{len(values) - 1}")
+    return "\n".join(lines)
 
 
 # ================================================================================================
@@ -1319,82 +1515,6 @@ def promotion_decision(candidate: dict, incumbent: dict):
     # END SOLUTION promotion
 
 
-CHECKPOINT_FORMAT = "agentic-rl-checkpoint-2"
-
-
-def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
-    """Only tensors, numbers, strings, lists and dicts, so it loads with weights_only=True (no pickled
-    code); with the format, environment and vocabulary that a loader checks. Written atomically."""
-    cls = env_class(cfg.env)
-    atomic_write(path, lambda f: torch.save({
-        "format": CHECKPOINT_FORMAT, "env_id": cfg.env, "env_version": cls.env_version,
-        "reward_version": cls.reward_version, "vocab": tok.itos, "config": asdict(cfg),
-        "policy_version": policy_version, "model": policy.state_dict()}, f))
-
-
-def load_checkpoint(path, device):
-    """Refuses, with the reason, anything it cannot trust: a pickled payload (weights_only=True never
-    runs code), another format, an environment or vocabulary this version does not have."""
-    if not Path(path).is_file():
-        raise ValueError(f"--ckpt {path}: no such file; train first (python agentic_rl.py train)")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:  # an unpickling error, a truncated file, ...: refuse, never execute
-        raise ValueError(f"--ckpt {path}: not a checkpoint this version can load safely ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:200]})") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"--ckpt {path}: format {ckpt.get('format') if isinstance(ckpt, dict) else None!r}, "
-                         f"expected {CHECKPOINT_FORMAT!r}; retrain it with this version")
-    env_id = ckpt.get("env_id")
-    if env_id not in envs.ENV_IDS or ckpt.get("config", {}).get("env") != env_id:
-        raise ValueError(f"--ckpt {path}: environment {env_id!r} is not one of {', '.join(envs.ENV_IDS)}")
-    cls = env_class(env_id)
-    if (ckpt.get("env_version"), ckpt.get("reward_version")) != (cls.env_version, cls.reward_version):
-        raise ValueError(f"--ckpt {path}: trained on {env_id} {ckpt.get('env_version')}/{ckpt.get('reward_version')}, "
-                         f"this version has {cls.env_version}/{cls.reward_version}; retrain it")
-    if ckpt.get("vocab") != make_tokenizer(env_id).itos:
-        raise ValueError(f"--ckpt {path}: its vocabulary differs from {env_id}'s; retrain it with this version")
-    unknown = set(ckpt["config"]) - {f.name for f in fields(Config)}
-    if unknown:
-        raise ValueError(f"--ckpt {path}: unknown config fields {sorted(unknown)}; retrain it with this version")
-    cfg = Config(**ckpt["config"])
-    tok = Tokenizer(ckpt["vocab"])
-    policy = make_policy(cfg, len(tok), device)
-    policy.load_state_dict(ckpt["model"])
-    return policy, tok, cfg, ckpt["policy_version"]
-
-
-def atomic_write(path, write):
-    """Write to a temporary file beside `path`, then rename: a crash or a full disk never leaves a
-    half-written checkpoint or summary where a good one was."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-    os.replace(tmp, path)
-
-
-RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt")
-
-
-def prepare_run_dir(cfg: Config) -> Path:
-    """A run directory holds one run: refuse one that holds another run unless --overwrite, and then
-    delete that run's files first, so a directory never mixes two runs even if this one is interrupted."""
-    run = Path(cfg.run_dir)
-    old = [name for name in RUN_FILES if (run / name).exists()]
-    if old and not cfg.overwrite:
-        raise ValueError(f"run_dir={cfg.run_dir}: holds another run ({', '.join(old)}); pass --overwrite to "
-                         f"replace it or choose a new --run-dir")
-    try:
-        run.mkdir(parents=True, exist_ok=True)
-        for name in old:
-            (run / name).unlink()
-        atomic_write(run / "metrics.jsonl", lambda f: None)  # fail now, not after training, if it is not writable
-    except OSError as e:
-        raise ValueError(f"run_dir={cfg.run_dir}: cannot write there ({e.strerror})") from None
-    return run
-
-
 def format_report_card(columns: dict) -> str:
     """One column per (policy, part), one row per report-card line."""
     rows = [("outcome", "success"), ("", "ci95"), ("", f"pass^{len([1 for k in next(iter(columns.values())) if k.startswith('pass^')])}")]
@@ -1410,89 +1530,6 @@ def format_report_card(columns: dict) -> str:
     lines = [f"{'report card':<36}" + "".join(f"{name:>22}" for name in columns)]
     lines += [f"{group:<11}{key:<25}" + "".join(f"{value(r, key):>22}" for r in columns.values()) for group, key in rows]
     return "\n".join(lines)
-
-
-def log_line(it: int, m: dict) -> str:
-    keys = [("success", "{:.3f}"), ("turns", "{:.2f}"), ("clip_frac", "{:.3f}"), ("approx_kl", "{:.4f}"),
-            ("entropy", "{:.3f}"), ("zero_std_groups", "{}"), ("kept", "{}"), ("dpo_pairs", "{}"),
-            ("invalid_rate", "{:.3f}"), ("grad_norm", "{:.2f}"), ("staleness_max", "{}"), ("episodes_per_second", "{:.0f}")]
-    return f"iter {it:3d} | " + " | ".join(f"{k} {fmt.format(m[k])}" for k, fmt in keys if m.get(k) is not None)
-
-
-def sync_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
-    """Synchronous rollout: each batch is sampled by the current policy (staleness 0), then learned."""
-    for it in range(start, cfg.iterations):
-        t = time.time()
-        yield collect(policy, tok, cfg, clock["version"], it, rank), time.time() - t
-
-
-def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
-    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1
-    while the learner trains on batch it - 1; a queue of one batch sits between them. Staleness is
-    exactly 1 by schedule (the store still checks it), and the actor samples with its own random
-    generator, so the run stays reproducible. Threads suffice: torch releases the GIL in its kernels
-    and a waiting tool call releases it too, which is where the overlap pays (tool_latency_ms)."""
-    actor, out = copy.deepcopy(policy).eval(), queue.Queue(maxsize=1)
-    generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed * 7919 + rank)
-
-    def work():
-        try:
-            for it in range(start, cfg.iterations):
-                v = max(start, it - 1)
-                with clock["cond"]:
-                    clock["cond"].wait_for(lambda: v in clock["weights"] or clock["stop"])
-                    if clock["stop"]:
-                        return
-                    actor.load_state_dict(clock["weights"][v])
-                t = time.time()
-                out.put((collect(actor, tok, cfg, v, it, rank, generator), time.time() - t))
-        except BaseException as e:  # hand the failure to the learner instead of dying silently
-            out.put(e)
-    threading.Thread(target=work, daemon=True).start()
-    for _ in range(start, cfg.iterations):
-        item = out.get()
-        if isinstance(item, BaseException):
-            raise item
-        yield item
-
-
-def publish(policy, clock: dict):
-    """The learner makes its new weights available to the actor (keeping the last two versions)."""
-    with clock["cond"]:
-        clock["weights"][clock["version"]] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-        clock["weights"].pop(clock["version"] - 2, None)
-        clock["cond"].notify_all()
-
-
-def rng_state() -> dict:
-    np_state = np.random.get_state()
-    return {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-            "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def set_rng_state(state: dict):
-    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
-    np.random.set_state((state["numpy"][0], np.array(state["numpy"][1], dtype=np.uint32), *state["numpy"][2:]))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def init_distributed(cfg: Config):
-    """Under torchrun (WORLD_SIZE > 1): join the process group, gloo on CPU, nccl on CUDA. Returns
-    (rank, world_size, device). Plain `python agentic_rl.py` is a world of one and needs none of it."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    device = resolve_device(cfg.device)
-    if world == 1:
-        return 0, 1, device
-    if cfg.async_rollout or cfg.resume or cfg.algo not in PPO_CREDITS:
-        raise ValueError("torchrun runs are synchronous PPO runs that start fresh: drop --async-rollout / --resume, "
-                         "and use a PPO credit (rs_sft and dpo take a data-dependent number of steps per rank)")
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return torch.distributed.get_rank(), world, device
 
 
 def train(cfg: Config, progress: bool = True) -> dict:
@@ -1625,42 +1662,9 @@ def train(cfg: Config, progress: bool = True) -> dict:
     return summary
 
 
-def save_run_state(run: Path, cfg, policy, optimizer, history, incumbent, warm, version, grads, store):
-    """state.pt after every iteration: all a resumed run needs to continue exactly (weights_only-safe)."""
-    atomic_write(run / "state.pt", lambda f: torch.save({
-        "format": CHECKPOINT_FORMAT, "config": asdict(cfg), "model": policy.state_dict(),
-        "optimizer": optimizer.state_dict(), "history": history, "incumbent": incumbent, "warm": warm,
-        "version": version, "grad_norms": list(grads.norms), "skipped_updates": grads.skipped,
-        "seen_ids": sorted(store.seen_ids), "rng": rng_state()}, f))
-
-
-def load_run_state(run_dir: str) -> dict:
-    path = Path(run_dir) / "state.pt"
-    if not path.is_file():
-        raise ValueError(f"--resume {run_dir}: no state.pt there; only a run started by this version can resume")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"--resume {run_dir}: state.pt cannot be loaded safely ({type(e).__name__})") from None
-    if state.get("format") != CHECKPOINT_FORMAT or state["config"].get("async_rollout"):
-        raise ValueError(f"--resume {run_dir}: not a resumable run of this version (asynchronous runs restart)")
-    if len(state["history"]) >= state["config"]["iterations"]:
-        raise ValueError(f"--resume {run_dir}: that run already finished its {state['config']['iterations']} iterations")
-    return state
-
-
-def learning_curve(values, width: int = 60, height: int = 6) -> str:
-    """A terminal plot of training success per iteration (sampled episodes, so noisier than holdout)."""
-    if not values:
-        return ""
-    cols = [float(np.mean(c)) for c in np.array_split(np.array(values), min(width, len(values)))]
-    lines = ["training success per iteration (sampled):"]
-    for h in range(height, 0, -1):
-        lines.append(f"{h / height:4.2f} |" + "".join("#" if v >= (h - 0.5) / height else " " for v in cols))
-    lines.append("     +" + "-" * len(cols) + f"  iterations 0..{len(values) - 1}")
-    return "\n".join(lines)
-
-
+# ------------------------------------------------------------------------------------------------
+# CLI · the commands around the loop: demo, examples, train, eval, show, play, compare, bench, homework, grade
+# ------------------------------------------------------------------------------------------------
 def print_examples():
     ex = worked_examples()
     print("worked examples (computed by the functions training uses):")
@@ -1876,9 +1880,7 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
     return report
 
 
-# ------------------------------------------------------------------------------------------------
-# Homework: the same files with the core pieces blanked, and a grader that names each piece
-# ------------------------------------------------------------------------------------------------
+# Homework: the same files with the core pieces blanked, and a grader that names each piece.
 EXERCISES = {  # id -> the stub's message: what to implement, the formula, where it is used
     "mask": "in pack(), per turn: observation tokens get mask 0, old log-prob 0.0, turn_id -1; the policy's "
             "action tokens get mask 1, their recorded log-prob (0.0 for demonstrations, which have none) and "
@@ -2029,9 +2031,6 @@ def print_grade(report: dict) -> bool:
     return done
 
 
-# ------------------------------------------------------------------------------------------------
-# CLI: argparse derived from Config; unknown or ill-typed flags are errors
-# ------------------------------------------------------------------------------------------------
 def add_config_flags(parser, only=None):
     comments = _field_comments()
     for f in fields(Config):
