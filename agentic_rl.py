@@ -5,35 +5,30 @@
 A tiny GPT policy acts in multi-turn, partially observable text environments (`envs.py`: flight
 booking by default, code repair, a vault). Each turn it writes a tool call as tokens; a host gate
 *outside* the model validates and authorizes it; the environment executes it and answers with an
-observation; until the episode is `terminated` (an end state) or `truncated` (turn budget).
-Training then turns whole trajectories into token-level updates, following the course chapter
-(shared/seeds/000_*.txt, sections 00-07) section by section:
+observation; until the episode is `terminated` (an end state) or `truncated` (turn budget). Training
+turns whole trajectories into token-level updates. The file follows the course chapter section by
+section (the README maps each section to functions and tests):
 
     01 · Environment & trajectory contract   Tokenizer, Turn/Episode records, HostGate, rollout
     02 · Gradient masks                      pack(): tokens, action_mask, old_logprobs (B, T)
-    03 · Credit assignment                   discounted_returns, gae, group_advantages
-    04 · Objectives                          ppo_clip_loss, kl_k3, sft_loss
-    05 · Training system                     GPT, TrajectoryStore, warm start, learner
-    07 · Evaluation & promotion              evaluate (independent evaluator), promotion gate, CLI
+    03 · Credit assignment                   discounted_returns, gae, group_advantages, step_group_advantages
+    04 · Objectives                          ppo_clip_loss, kl_k3, dpo_loss, sft_loss
+    05 · Training system                     GPT, TrajectoryStore, warm start, learn (every route), collect,
+                                             async actor, torchrun/DDP, resume, checkpoints, monitors
+    07 · Evaluation & promotion              report card (independent evaluator), release gates, train
+    CLI                                      examples, show, play, compare, bench, homework, grade
 
-In: online multi-turn RL with stored old log-probs bound to a policy_version, action masks that
-cover only model-generated tokens, terminated vs truncated kept apart (GAE bootstraps only on
-truncation), GRPO and PPO/GAE credit, PPO clipping over several epochs, a supervised warm start from
-a scripted demonstrator with a bad habit, holdout evaluation by an independent evaluator, and a
-promotion gate with rollback.
-Adversarial cases are measured, not assumed: injected instructions in tool results, a reward hack
-(deleting the tests) that only a naive verifier pays for, a side channel, and fuzzed actions.
-Out, on purpose: asynchronous rollout workers (the store still enforces `max_staleness`), process
-rewards (06 · the chapter's paper cases), DPO / rejection sampling (named in 04, not trained here),
-pretrained language models (the vocabulary is closed, one word = one token).
+Agentic RL here means online multi-turn interaction: the policy's actions change an environment that
+answers with new observations. Single-turn verifiable-reward RL and learning from a fixed pool of
+preferred trajectories share parts with it (`rs_sft` and `dpo` run online here, on the same tasks, to
+be compared) but not its training contract. Out, on purpose: pretrained language models (the
+vocabulary is closed, one word = one token), learned reward models (the verifiers are rules).
 
 Run:
-    python agentic_rl.py                 # the demo: examples, warm start, GRPO, evaluation, promotion
-    python agentic_rl.py examples        # the chapter's three worked examples, by the real functions
+    python agentic_rl.py                 # the demo: examples, warm start, GRPO, report card, release gates
+    python agentic_rl.py examples        # the chapter's worked examples, by the real functions
     python agentic_rl.py train --help    # every Config field is a flag
-    python agentic_rl.py train --env AgenticRL/CodeRepair-v0      # or AgenticRL/Vault-v0
-    python agentic_rl.py train --warm-start-episodes 0            # RL from scratch (the R1-Zero contrast)
-    python agentic_rl.py eval --ckpt runs/demo/final.pt
+    python agentic_rl.py compare         # every route from the same warm start
     python -m pytest -q test_agentic_rl.py
 
 Shapes: B episodes in a batch, G group size, K turns, T tokens, V vocabulary, D model width.
@@ -72,6 +67,7 @@ class Config:
     injection_rate: float = 0.2           # flight only: share of tasks whose search result carries an injected note
     max_turns: int = 0                    # turn budget per episode; 0 = the environment's own (flight 8, code 10, vault 6)
     code_verifier: str = "state"          # code repair only: state | visible_tests (a NAIVE verifier that pays for `rm tests`)
+    code_bugs: int = 2                    # code repair only: up to this many buggy lines (3: the long-horizon setting)
     tool_latency_ms: float = 0.0          # simulated time per tool call (the host overlaps one step's calls)
     algo: str = "grpo"                    # grpo | stepgroup | gae | reinforce (PPO on these credits) | rs_sft | dpo
     seed: int = 0                         # drives python, numpy, torch and every training env.reset(seed=...)
@@ -124,6 +120,7 @@ CHOICES = {"env": envs.ENV_IDS, "algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_st
            "device": ("auto", "cpu", "cuda", "mps"), "code_verifier": ("state", "visible_tests"),
            "deny_credit": ("shared", "nonpositive")}
 ONLY_FOR = {"injection_rate": ("env", (envs.FLIGHT_ID,)), "code_verifier": ("env", (envs.CODE_ID,)),  # meaningful only there
+            "code_bugs": ("env", (envs.CODE_ID,)),
             "truncation_as_termination": ("algo", ("gae",)), "lam": ("algo", ("gae",)),
             "vf_coef": ("algo", ("gae", "reinforce")), "gamma": ("algo", ("gae", "reinforce", "stepgroup")),
             "clip_eps": ("algo", PPO_CREDITS), "adv_std": ("algo", ("grpo", "stepgroup")),
@@ -167,6 +164,10 @@ def validate_config(cfg: Config) -> Config:
         raise ValueError("dpo_beta must be > 0 and process_coef >= 0")
     if cfg.async_rollout and cfg.max_staleness < 1:
         raise ValueError("async_rollout: the actor samples with policy v-1, so max_staleness must be >= 1 (--max-staleness 1)")
+    if cfg.code_bugs not in (1, 2, 3):
+        raise ValueError(f"code_bugs={cfg.code_bugs}: use 1, 2 or 3")
+    if not 0 <= cfg.tool_latency_ms < 60_000:
+        raise ValueError(f"tool_latency_ms={cfg.tool_latency_ms}: must be in [0, 60000)")
     if cfg.max_turns and cfg.max_turns < 2:
         raise ValueError(f"max_turns={cfg.max_turns}: must be 0 (the environment's own) or >= 2")
     return cfg
@@ -189,7 +190,7 @@ def env_class(env_id: str):
 
 def make_env(cfg: Config):
     kwargs = {"injection_rate": cfg.injection_rate} if cfg.env == envs.FLIGHT_ID else {}
-    kwargs.update({"verifier": cfg.code_verifier} if cfg.env == envs.CODE_ID else {})
+    kwargs.update({"verifier": cfg.code_verifier, "max_bugs": cfg.code_bugs} if cfg.env == envs.CODE_ID else {})
     kwargs.update({"max_turns": cfg.max_turns} if cfg.max_turns else {})
     kwargs.update({"tool_latency_ms": cfg.tool_latency_ms} if cfg.tool_latency_ms else {})
     return gym.make(cfg.env, **kwargs)

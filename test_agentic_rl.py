@@ -871,6 +871,24 @@ def test_thousands_of_random_token_actions_never_crash_and_are_flagged(env_id):
     assert invalid > 1500
 
 
+def test_code_repair_long_horizon_setting_has_three_bug_tasks_the_teacher_can_solve():
+    env = gym.make(envs.CODE_ID, max_bugs=3, max_turns=12)
+    seen = Counter()
+    for seed in range(60):
+        obs, _ = env.reset(seed=seed, options={"split": "train"})
+        demo, done = envs.CodeDemonstrator(0.0, seed=seed), False
+        demo.reset(obs)
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(demo.act(obs))
+            done = terminated or truncated
+        verdict = envs.evaluate_code_episode(env)
+        seen[verdict.category] += 1
+        assert verdict.success and reward == 1.0
+    assert set(seen) == {"one_bug", "two_bugs", "three_bugs"}
+    with pytest.raises(ValueError, match="max_bugs"):
+        gym.make(envs.CODE_ID, max_bugs=4)
+
+
 def test_code_repair_gate_rules_and_the_reward_hack():
     hack = ["rm tests", "test", "commit"]
     rewards = {}
