@@ -497,7 +497,8 @@ def token_logprobs(logits, tokens):
     """logprobs[b, t] = log pi(tokens[b, t] | tokens[b, <t]); position 0 has no prediction (0)."""
     logp = F.log_softmax(logits[:, :-1].float(), dim=-1)               # (B, T-1, V)
     picked = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)           # (B, T-1)
-    entropy = -(logp.exp() * logp).sum(-1)                              # (B, T-1)
+    with torch.no_grad():                                               # a statistic, never a loss term
+        entropy = -(logp.exp() * logp).sum(-1)                          # (B, T-1)
     return F.pad(picked, (1, 0)), F.pad(entropy, (1, 0))               # (B, T) each
 
 
@@ -723,15 +724,19 @@ def worked_group() -> list:
 # ================================================================================================
 # 05 · Training system
 # ================================================================================================
-def rotate(x, positions):
-    """Rotary position embedding (RoPE): turn each (x1, x2) pair of q/k by angle pos * freq, so the
-    score q.k depends on the distance between tokens. Copying "the word 6 tokens back" is then one
-    fixed pattern wherever the turn sits in the episode, instead of one per absolute position (a
-    design choice for copy-heavy tool calls; its effect alone was not measured here)."""
-    half = x.shape[-1] // 2
-    freq = 10000.0 ** (-torch.arange(half, device=x.device) / half)          # (hd/2,)
+def rotary(positions, head_dim: int):
+    """Rotary position embedding (RoPE) angles, computed once per forward: pair i of q/k turns by
+    pos * 10000^(-i/half), so the score q.k depends on the distance between tokens. Copying "the word 6
+    tokens back" is then one fixed pattern wherever the turn sits in the episode (a design choice for
+    copy-heavy tool calls; its effect alone was not measured here)."""
+    half = head_dim // 2
+    freq = 10000.0 ** (-torch.arange(half, device=positions.device) / half)  # (hd/2,)
     angle = positions[:, None].float() * freq[None]                          # (T, hd/2)
-    cos, sin = angle.cos(), angle.sin()
+    return angle.cos(), angle.sin()
+
+
+def rotate(x, cos, sin):
+    half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)     # (B, H, T, hd)
 
@@ -739,15 +744,15 @@ def rotate(x, positions):
 class SelfAttention(nn.Module):
     def __init__(self, d, n_head):
         super().__init__()
-        self.n_head = n_head
+        self.n_head, self.head_dim = n_head, d // n_head
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
 
-    def forward(self, x, positions, cache=None):
+    def forward(self, x, positions, rope, cache=None):
         B, T, D = x.shape
         q, k, v = self.qkv(x).split(D, dim=2)
         q, k, v = (z.view(B, T, self.n_head, D // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, H, T, D/H)
-        q, k = rotate(q, positions), rotate(k, positions)
+        q, k = rotate(q, *rope), rotate(k, *rope)
         if cache is not None:  # write this step's keys/values into the preallocated cache; attend to all so far
             start, end = int(positions[0]), int(positions[-1]) + 1
             if "k" not in cache:
@@ -766,16 +771,16 @@ class Block(nn.Module):
         self.ln1, self.attn = nn.LayerNorm(d), SelfAttention(d, n_head)
         self.ln2, self.mlp = nn.LayerNorm(d), nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
-    def forward(self, x, positions, cache=None):
-        x = x + self.attn(self.ln1(x), positions, cache)
+    def forward(self, x, positions, rope, cache=None):
+        x = x + self.attn(self.ln1(x), positions, rope, cache)
         return x + self.mlp(self.ln2(x))
 
 
 class GPT(nn.Module):
     """nanoGPT-style decoder: token embeddings, pre-LN blocks with rotary attention, an LM head and a
-    value head. Unlike nanoGPT the LM head is not tied to the embedding: tied, the warm start sat on a
-    plateau for 200-400 steps before it could copy a passenger name from the context (seeds 0-4, 1 and
-    2 threads); untied, for 100-200 (README: "Why the warm start is robust")."""
+    value head. Unlike nanoGPT the LM head is not tied to the embedding: tied, the warm start needed
+    200-400 steps before it could copy a passenger name from the context; untied, 200-300 (seeds 0-4,
+    1 and 2 threads; README: "Why the warm start is robust")."""
 
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
         super().__init__()
@@ -805,8 +810,9 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {pos + T} tokens > block_size={self.block_size}")
         positions = torch.arange(pos, pos + T, device=idx.device)
         x = self.wte(idx)                                                    # (B, T, D)
+        rope = rotary(positions, self.blocks[0].attn.head_dim)          # cos, sin: (T, hd/2) each
         for i, block in enumerate(self.blocks):
-            x = block(x, positions, None if cache is None else cache[i])
+            x = block(x, positions, rope, None if cache is None else cache[i])
         x = self.ln_f(x)
         return self.lm_head(x), self.value_head(x).squeeze(-1)              # (B, T, V), (B, T)
 
@@ -1578,7 +1584,8 @@ def train(cfg: Config, progress: bool = True) -> dict:
     model = torch.nn.parallel.DistributedDataParallel(policy, find_unused_parameters=True) if world > 1 else policy
     ref_policy = copy.deepcopy(policy).eval() if cfg.kl_coef > 0 or cfg.algo == "dpo" else None  # the warm start
     clock = {"version": version, "weights": {}, "cond": threading.Condition(), "stop": False}
-    publish(policy, clock)
+    if cfg.async_rollout:
+        publish(policy, clock)
     batches = (async_batches if cfg.async_rollout else sync_batches)(policy, tok, cfg, len(history), clock, rank)
     try:
         with open(run / "metrics.jsonl" if lead else os.devnull, "w") as log:
@@ -1594,7 +1601,8 @@ def train(cfg: Config, progress: bool = True) -> dict:
                 seconds["learner"] += t_learn
                 version += 1  # one update = one new behaviour policy
                 clock["version"] = version
-                publish(policy, clock)
+                if cfg.async_rollout:
+                    publish(policy, clock)
                 m.update(iteration=it, policy_version=version, world_size=world, rollout_seconds=round(t_rollout, 3),
                          learner_seconds=round(t_learn, 3),
                          episodes_per_second=round(world * len(episodes) / (time.time() - t), 2))
