@@ -108,6 +108,7 @@ class Config:
     async_rollout: bool = False           # an actor samples the next batch (policy v-1) while the learner trains on this one
     max_staleness: int = 0                # store refuses episodes more versions old than this (sync 0; async needs >= 1)
     resume: str = ""                      # continue the interrupted run in this run directory (train --resume DIR)
+    eval_every: int = 0                   # also check dev success (greedy) every N iterations: success against wall-clock
     # evaluation and promotion
     eval_episodes: int = 200              # holdout episodes per evaluation (greedy decoding)
     eval_seed: int = 1_000_000            # fixed holdout seeds eval_seed..+n, the same for every run
@@ -141,7 +142,7 @@ def validate_config(cfg: Config) -> Config:
     at_least = {"seed": 0, "eval_seed": 0, "max_turns": 0, "n_layer": 1, "n_head": 1, "n_embd": 2, "block_size": 32, "max_action_tokens": 5,
                 "warm_start_episodes": 0, "sft_epochs": 1, "sft_batch_size": 1, "iterations": 0,
                 "tasks_per_iter": 1, "group_size": 2, "ppo_epochs": 1, "minibatch_size": 1, "eval_episodes": 1,
-                "max_staleness": 0, "pass_k": 1, "pass_k_tasks": 1}
+                "max_staleness": 0, "pass_k": 1, "pass_k_tasks": 1, "eval_every": 0}
     for name, low in at_least.items():
         if getattr(cfg, name) < low:
             raise ValueError(f"{name}={getattr(cfg, name)}: must be >= {low}")
@@ -1120,7 +1121,7 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
     admitted = store.take()
     device = next(policy.parameters()).device
     batch = {k: v.to(device) for k, v in pack(admitted, tok, cfg.block_size).items()}
-    route = dict.fromkeys(("zero_std_groups", "denied_positive_advantage", "clip_frac", "approx_kl", "kept",
+    route = dict.fromkeys(("zero_std_groups", "denied_positive_advantage", "clip_frac", "approx_kl", "kl_ref", "kept",
                            "dpo_pairs", "groups_without_pair", "dpo_loss"))
     policy.train()
     if cfg.algo in PPO_CREDITS:
@@ -1133,7 +1134,7 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
         token_adv = broadcast_to_tokens(adv.to(device), batch["turn_id"])
         stats = optimizer_steps(policy, optimizer, grads, cfg, len(admitted),
                                 ppo_step_loss(policy, ref_policy, batch, token_adv, returns, cfg))
-        route.update(clip_frac=stats["clip_frac"], approx_kl=stats["approx_kl"])
+        route.update(clip_frac=stats["clip_frac"], approx_kl=stats["approx_kl"], kl_ref=stats.get("kl_ref"))
     elif cfg.algo == "rs_sft":
         kept = [ep for ep in admitted if ep.reward >= 1.0]       # the training verifier's verdict
         route["kept"] = len(kept)
@@ -1422,11 +1423,13 @@ def per_success(total: float, successes: int):
 
 
 @torch.no_grad()
-def evaluate(policy, tok, cfg: Config, part: str = "dev") -> dict:
+def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = True) -> dict:
     """A report card on `eval_episodes` held-out tasks of one part (dev or test): greedy decoding (the
     same mode before and after training), judged by the environment's independent evaluator, never by
     the training reward. Safety is read from the final states; pass^k comes from extra sampled trials
-    (temperature 1) on the first pass_k_tasks tasks; efficiency counts what the episodes spent."""
+    (temperature 1) on the first pass_k_tasks tasks (reliability=False skips them: greedy decoding
+    draws no random numbers, so a mid-run check leaves training exactly as it was); efficiency counts
+    what the episodes spent."""
     t0 = time.time()
     n, evaluate_episode = cfg.eval_episodes, env_class(cfg.env).evaluate_episode
     task_ids = holdout_tasks(cfg, part, n)
@@ -1440,9 +1443,9 @@ def evaluate(policy, tok, cfg: Config, part: str = "dev") -> dict:
     # flight tasks may carry an injected note; the other environments have none
     injected = [(env.unwrapped.state.task.injection, ep) for env, ep in zip(env_list, episodes)
                 if getattr(getattr(env.unwrapped.state, "task", None), "injection", None)]
-    trials, k_tasks = cfg.pass_k, task_ids[:cfg.pass_k_tasks]
+    trials, k_tasks = cfg.pass_k, task_ids[:cfg.pass_k_tasks] if reliability else []
     _, sampled_envs = rollout(policy, tok, cfg, [cfg.eval_seed] * len(k_tasks) * trials, "holdout", greedy=False,
-                              policy_version=-1, task_ids=np.repeat(k_tasks, trials).tolist())
+                              policy_version=-1, task_ids=np.repeat(k_tasks, trials).tolist()) if k_tasks else (0, [])
     per_task = np.array([evaluate_episode(env).success for env in sampled_envs]).reshape(-1, trials).sum(1)
     categories = {}
     for v in verdicts:
@@ -1465,7 +1468,7 @@ def evaluate(policy, tok, cfg: Config, part: str = "dev") -> dict:
             "injected_episodes": len(injected),
             "injection_follow_attempts": sum(envs.injection_followed(inj, [t.action_text for t in ep.turns])
                                              for inj, ep in injected),
-            **{f"pass^{k}": round(pass_hat_k(per_task, trials, k), 4) for k in range(1, trials + 1)},
+            **{f"pass^{k}": round(pass_hat_k(per_task, trials, k), 4) if k_tasks else None for k in range(1, trials + 1)},
             "efficiency": {"tokens_per_episode": round(tokens / n, 3), "tool_calls_per_episode": round(calls / n, 3),
                            "credits_per_episode": round(credits / n, 3), "tokens_per_success": per_success(tokens, solved),
                            "tool_calls_per_success": per_success(calls, solved),
@@ -1587,6 +1590,7 @@ def train(cfg: Config, progress: bool = True) -> dict:
     if cfg.async_rollout:
         publish(policy, clock)
     batches = (async_batches if cfg.async_rollout else sync_batches)(policy, tok, cfg, len(history), clock, rank)
+    t_rl = time.time()
     try:
         with open(run / "metrics.jsonl" if lead else os.devnull, "w") as log:
             log.writelines(json.dumps(m) + "\n" for m in history)  # a resumed run rewrites what it keeps
@@ -1606,6 +1610,9 @@ def train(cfg: Config, progress: bool = True) -> dict:
                 m.update(iteration=it, policy_version=version, world_size=world, rollout_seconds=round(t_rollout, 3),
                          learner_seconds=round(t_learn, 3),
                          episodes_per_second=round(world * len(episodes) / (time.time() - t), 2))
+                if cfg.eval_every and lead and (it + 1) % cfg.eval_every == 0:  # greedy: no random numbers drawn
+                    m["dev_success"] = evaluate(policy, tok, cfg, "dev", reliability=False)["success"]
+                m["elapsed_seconds"] = round(time.time() - t0, 2)
                 history.append(m)
                 if lead:
                     log.write(json.dumps(m) + "\n")
@@ -1613,6 +1620,7 @@ def train(cfg: Config, progress: bool = True) -> dict:
                     save_run_state(run, cfg, policy, optimizer, history, incumbent, warm, version, grads, store)
                     tqdm.write(log_line(it, m), file=sys.stdout)
     finally:
+        seconds["rl_wall"] = time.time() - t_rl  # rollout and learner overlap under --async-rollout
         with clock["cond"]:
             clock["stop"] = True
             clock["cond"].notify_all()
@@ -1647,8 +1655,9 @@ def train(cfg: Config, progress: bool = True) -> dict:
     summary = {"env": cfg.env, "algo": cfg.algo, "seed": cfg.seed, "device": str(device),
                "threads": torch.get_num_threads(), "world_size": world, "wall_seconds": round(seconds["total"], 1),
                "phase_seconds": {k: round(v, 1) for k, v in seconds.items()},
-               "episodes_per_second": round(sum(world * cfg.tasks_per_iter * cfg.group_size for _ in history) /
-                                            max(1e-9, seconds["rollout"] + seconds["learner"]), 2) if history else None,
+               "episodes_per_second": round(len(history) * world * cfg.tasks_per_iter * cfg.group_size /
+                                            max(1e-9, seconds["rl_wall"]), 2) if history else None,
+               "dev_success_by_wall_clock": [[m["elapsed_seconds"], m["dev_success"]] for m in history if "dev_success" in m],
                "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
                "refused_stale": sum(m["refused_stale"] for m in history),
                "skipped_updates": grads.skipped,
