@@ -912,7 +912,7 @@ def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> li
     demo = env_class(cfg.env).Demonstrator(cfg.demo_habit, seed=seed)
     out = []
     for i in range(n):
-        env = make_env(cfg)
+        env = make_env(replace(cfg, tool_latency_ms=0.0))  # recorded data: no tool waits while it is made
         obs, info = env.reset(seed=seed + i, options={"split": "train"})
         gate, ep = HostGate.for_env(env), Episode(f"demo-{seed}-{i}", info["task_id"], cfg.env,
                                                   info["env_version"], info["reward_version"], seed + i,
