@@ -1611,7 +1611,9 @@ def train(cfg: Config, progress: bool = True) -> dict:
                          learner_seconds=round(t_learn, 3),
                          episodes_per_second=round(world * len(episodes) / (time.time() - t), 2))
                 if cfg.eval_every and lead and (it + 1) % cfg.eval_every == 0:  # greedy: no random numbers drawn
+                    t_check = time.time()
                     m["dev_success"] = evaluate(policy, tok, cfg, "dev", reliability=False)["success"]
+                    seconds["dev_checks"] += time.time() - t_check
                 m["elapsed_seconds"] = round(time.time() - t0, 2)
                 history.append(m)
                 if lead:
@@ -1620,7 +1622,7 @@ def train(cfg: Config, progress: bool = True) -> dict:
                     save_run_state(run, cfg, policy, optimizer, history, incumbent, warm, version, grads, store)
                     tqdm.write(log_line(it, m), file=sys.stdout)
     finally:
-        seconds["rl_wall"] = time.time() - t_rl  # rollout and learner overlap under --async-rollout
+        seconds["rl_wall"] = time.time() - t_rl - seconds["dev_checks"]  # rollout and learner overlap when async
         with clock["cond"]:
             clock["stop"] = True
             clock["cond"].notify_all()
