@@ -544,7 +544,9 @@ def gae(rewards, values, last_value, terminated, gamma, lam):
     delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), with V(s_K) = last_value if the episode was
     truncated (an external cut: the future still had value) and 0 if it terminated;
     A_k = delta_k + gamma * lam * A_{k+1};  returns = A + V (the value target).
-    CleanRL folds truncation into termination (its issue #198); we keep them apart.
+    CleanRL folds truncation into termination; we keep them apart. Whether a cut "still had value"
+    is a property of the task: where the budget belongs to it (these envs pay nothing after it, and
+    the policy cannot see the turns left), the bootstrap rewards stalling (README, exercise E3).
     """
     _unit_interval(gamma, "gamma")
     _unit_interval(lam, "lam")
