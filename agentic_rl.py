@@ -710,14 +710,8 @@ def worked_group() -> list:
     for i, plan in enumerate(plans):
         env = make_env(cfg)
         obs, info = env.reset(seed=0, options={"task_id": 511821})
-        gate, ep = HostGate.for_env(env), Episode(f"worked-{i}", 511821, cfg.env, "", "", 0, "train", 0, 0)
-        for text in plan:
-            next_obs, reward, terminated, truncated, step, d = host_step(env, gate, text)
-            action = tok.encode_action(text)
-            ep.turns.append(Turn(obs, tok.encode_observation(obs), action, [0.0] * len(action), text, 0, d.allowed,
-                                 d.reason, step["receipt"], reward, step["cost"], step["invalid"], terminated, truncated))
-            obs = next_obs
-        episodes.append(ep)
+        ep = Episode(f"worked-{i}", 511821, cfg.env, "", "", 0, "train", 0, 0)
+        episodes.append(scripted_episode(env, ep, obs, lambda _obs, plan=iter(plan): next(plan), tok, version=0))
     batch = pack(episodes, tok, cfg.block_size)
     credit = {algo: advantages_for(batch, episodes, None, replace(cfg, algo=algo))[0] for algo in ("grpo", "stepgroup")}
     return [[(t.action_text, round(float(credit["grpo"][b, k]), 3), round(float(credit["stepgroup"][b, k]), 3))
@@ -916,20 +910,26 @@ def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> li
     for i in range(n):
         env = make_env(replace(cfg, tool_latency_ms=0.0))  # recorded data: no tool waits while it is made
         obs, info = env.reset(seed=seed + i, options={"split": "train"})
-        gate, ep = HostGate.for_env(env), Episode(f"demo-{seed}-{i}", info["task_id"], cfg.env,
-                                                  info["env_version"], info["reward_version"], seed + i,
-                                                  info["split"], -1, i)
+        ep = Episode(f"demo-{seed}-{i}", info["task_id"], cfg.env, info["env_version"], info["reward_version"],
+                     seed + i, info["split"], -1, i)
         demo.reset(obs)
-        done = False
-        while not done:
-            text = demo.act(obs)
-            next_obs, reward, terminated, truncated, info, d = host_step(env, gate, text)
-            ep.turns.append(Turn(obs, tok.encode_observation(obs), tok.encode_action(text), [], text, -1,
-                                 d.allowed, d.reason, info["receipt"], reward, info["cost"], info["invalid"],
-                                 terminated, truncated, info.get("process_reward", 0.0)))
-            obs, done = next_obs, terminated or truncated
-        out.append(ep)
+        out.append(scripted_episode(env, ep, obs, demo.act, tok, version=-1))
     return out
+
+
+def scripted_episode(env, ep: Episode, obs: str, act, tok: Tokenizer, version: int) -> Episode:
+    """Play a scripted actor (act: observation -> action text) through the host gate into ep, until the
+    episode ends. version -1 marks demonstrations (no log-probs); otherwise log-probs are placeholders 0."""
+    gate, done = HostGate.for_env(env), False
+    while not done:
+        text = act(obs)
+        next_obs, reward, terminated, truncated, info, d = host_step(env, gate, text)
+        action = tok.encode_action(text)
+        ep.turns.append(Turn(obs, tok.encode_observation(obs), action, [] if version < 0 else [0.0] * len(action),
+                             text, version, d.allowed, d.reason, info["receipt"], reward, info["cost"],
+                             info["invalid"], terminated, truncated, info.get("process_reward", 0.0)))
+        obs, done = next_obs, terminated or truncated
+    return ep
 
 
 def sft_lr_at(step: int, steps: int, peak: float) -> float:
@@ -1653,9 +1653,7 @@ def train(cfg: Config, progress: bool = True) -> dict:
     print(f"promotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to the incumbent'} ({reason})")
     print(learning_curve([m["success"] for m in history]))
     seconds["total"] = time.time() - t0
-    staleness = Counter()
-    for m in history:
-        staleness[m["staleness_max"]] += 1
+    staleness = Counter(m["staleness_max"] for m in history)
     summary = {"env": cfg.env, "algo": cfg.algo, "seed": cfg.seed, "device": str(device),
                "threads": torch.get_num_threads(), "world_size": world, "wall_seconds": round(seconds["total"], 1),
                "phase_seconds": {k: round(v, 1) for k, v in seconds.items()},
@@ -1917,9 +1915,9 @@ EXERCISES = {  # id -> the stub's message: what to implement, the formula, where
             "Used by advantages_for when --algo grpo.",
     "ppo_clip": "r = exp(logprobs - old_logprobs); per token -min(r * A, clip(r, 1 - eps, 1 + eps) * A); the "
                 "loss is its mean over the mask; stats: clip_frac = share of masked tokens with |r - 1| > eps, "
-                "approx_kl = masked mean of (r - 1) - log r. Used by learner_update.",
+                "approx_kl = masked mean of (r - 1) - log r. Used by ppo_step_loss (the PPO learner).",
     "kl_k3": "per token k3 = exp(d) - d - 1 where d = log pi_ref - log pi (>= 0; its mean under pi is "
-             "KL(pi || pi_ref)). Used by learner_update when --kl-coef > 0.",
+             "KL(pi || pi_ref)). Used by ppo_step_loss when --kl-coef > 0.",
     "store_refusals": "raise ValueError naming the episode and the problem for: a missing required field, no "
                       "turns, a duplicate episode_id (also one handed out before), mixed policy versions, "
                       "current_version - policy_version > max_staleness, a log-prob count that differs from the "
