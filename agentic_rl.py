@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
+import hashlib
 import json
 import math
 import os
@@ -72,8 +74,8 @@ class Config:
     algo: str = "grpo"                    # grpo | stepgroup | gae | reinforce (PPO on these credits) | rs_sft | dpo
     seed: int = 0                         # drives python, numpy, torch and every training env.reset(seed=...)
     device: str = "auto"                  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
-    run_dir: str = "runs/demo"            # checkpoints, metrics.jsonl and summary.json go here (one run per directory)
-    overwrite: bool = False               # replace a run_dir that already holds another run
+    run_dir: str = ""                     # one run per directory; "" = a new runs/<env>-<algo>-s<seed>[-N] each time
+    overwrite: bool = False               # replace an explicit run_dir that already holds another run
     # policy: a nanoGPT-style decoder with a value head
     n_layer: int = 2                      # transformer blocks
     n_head: int = 4                       # attention heads
@@ -83,7 +85,7 @@ class Config:
     # supervised warm start (the chapter's SFT / cold start)
     warm_start_episodes: int = 2000       # demonstrator episodes; 0 = RL from scratch
     demo_habit: float = 0.6               # how often the demonstrator shows its bad habit (see envs.py)
-    sft_epochs: int = 4                   # passes over the demonstrations
+    sft_epochs: int = 0                   # passes over the demonstrations; 0 = the environment's own (code 8, else 4)
     sft_lr: float = 3e-3                  # AdamW peak learning rate for the warm start (constant, then cosine to 0)
     sft_weight_decay: float = 0.1         # AdamW weight decay for the warm start (shortens the plateau before copying)
     sft_batch_size: int = 16              # episodes per warm-start step (small: many steps are what teach copying)
@@ -117,6 +119,8 @@ class Config:
 
 
 PPO_CREDITS = ("grpo", "stepgroup", "gae", "reinforce")
+SFT_EPOCHS = {envs.FLIGHT_ID: 4, envs.CODE_ID: 8, envs.VAULT_ID: 4}  # sft_epochs 0: copying line, op and constant
+                                                                    # in a code edit takes longer to learn
 CHOICES = {"env": envs.ENV_IDS, "algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_std": ("population", "unbiased", "none"),
            "device": ("auto", "cpu", "cuda", "mps"), "code_verifier": ("state", "visible_tests"),
            "deny_credit": ("shared", "nonpositive")}
@@ -125,11 +129,19 @@ ONLY_FOR = {"injection_rate": ("env", (envs.FLIGHT_ID,)), "code_verifier": ("env
             "truncation_as_termination": ("algo", ("gae",)), "lam": ("algo", ("gae",)),
             "vf_coef": ("algo", ("gae", "reinforce")), "gamma": ("algo", ("gae", "reinforce", "stepgroup")),
             "clip_eps": ("algo", PPO_CREDITS), "adv_std": ("algo", ("grpo", "stepgroup")),
-            "deny_credit": ("algo", PPO_CREDITS), "dpo_beta": ("algo", ("dpo",))}
+            "deny_credit": ("algo", PPO_CREDITS), "kl_coef": ("algo", PPO_CREDITS),
+            "process_coef": ("algo", PPO_CREDITS), "dpo_beta": ("algo", ("dpo",))}
+RANGES = {"seed": (0, 2**32 - 1), "eval_seed": (0, 2**32 - 1), "max_turns": (0, 100), "n_layer": (1, 48),  # [low, high]
+          "n_head": (1, 64), "n_embd": (2, 4096), "block_size": (32, 4096), "max_action_tokens": (5, 64),
+          "warm_start_episodes": (0, 10**6), "sft_epochs": (0, 1000), "sft_batch_size": (1, 10**4),
+          "iterations": (0, 10**5), "tasks_per_iter": (1, 10**4), "group_size": (2, 1024), "ppo_epochs": (1, 100),
+          "minibatch_size": (1, 10**5), "eval_episodes": (1, 5000), "max_staleness": (0, 100), "pass_k": (1, 16),
+          "pass_k_tasks": (1, 5000), "eval_every": (0, 10**5), "code_bugs": (1, 3), "tool_latency_ms": (0, 60_000)}
 
 
 def validate_config(cfg: Config) -> Config:
-    """Refuse a bad setting up front, naming the field, instead of failing deep inside torch."""
+    """Refuse a bad setting up front, naming the field, instead of failing deep inside torch or after
+    the warm start."""
     for f in fields(Config):
         value = getattr(cfg, f.name)
         kind = (int, float) if isinstance(f.default, float) else type(f.default)
@@ -139,37 +151,34 @@ def validate_config(cfg: Config) -> Config:
     for name, allowed in CHOICES.items():
         if getattr(cfg, name) not in allowed:
             raise ValueError(f"{name}={getattr(cfg, name)!r}: use one of {', '.join(allowed)}")
-    at_least = {"seed": 0, "eval_seed": 0, "max_turns": 0, "n_layer": 1, "n_head": 1, "n_embd": 2, "block_size": 32, "max_action_tokens": 5,
-                "warm_start_episodes": 0, "sft_epochs": 1, "sft_batch_size": 1, "iterations": 0,
-                "tasks_per_iter": 1, "group_size": 2, "ppo_epochs": 1, "minibatch_size": 1, "eval_episodes": 1,
-                "max_staleness": 0, "pass_k": 1, "pass_k_tasks": 1, "eval_every": 0}
-    for name, low in at_least.items():
-        if getattr(cfg, name) < low:
-            raise ValueError(f"{name}={getattr(cfg, name)}: must be >= {low}")
+    for name, (low, high) in RANGES.items():
+        if not low <= getattr(cfg, name) <= high:
+            raise ValueError(f"{name}={getattr(cfg, name)}: must be in [{low}, {high}]")
     if cfg.n_embd % cfg.n_head or (cfg.n_embd // cfg.n_head) % 2:
         raise ValueError(f"n_embd={cfg.n_embd}, n_head={cfg.n_head}: the head size n_embd/n_head must be an even integer")
-    for name in ("sft_lr", "lr", "max_grad_norm"):
+    if 12 * cfg.n_layer * cfg.n_embd ** 2 > 2e8:
+        raise ValueError(f"n_layer={cfg.n_layer}, n_embd={cfg.n_embd}: about {12 * cfg.n_layer * cfg.n_embd ** 2 / 1e6:.0f}M "
+                         "parameters; the policies here are tiny (under 200M): lower --n-embd or --n-layer")
+    if cfg.max_action_tokens > cfg.block_size // 4:
+        raise ValueError(f"max_action_tokens={cfg.max_action_tokens}: at most block_size / 4 = {cfg.block_size // 4}, "
+                         "so observations still fit; raise --block-size")
+    for name in ("sft_lr", "lr", "max_grad_norm", "dpo_beta"):
         if not getattr(cfg, name) > 0:
             raise ValueError(f"{name}={getattr(cfg, name)}: must be > 0")
     for name in ("demo_habit", "gamma", "lam", "injection_rate"):
         _unit_interval(getattr(cfg, name), name)
     if not 0 < cfg.clip_eps < 1:
         raise ValueError(f"clip_eps={cfg.clip_eps}: must be in (0, 1)")
-    if cfg.kl_coef < 0 or cfg.vf_coef < 0:
-        raise ValueError("kl_coef and vf_coef must be >= 0")
+    for name in ("kl_coef", "vf_coef", "process_coef", "sft_weight_decay"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name}={getattr(cfg, name)}: must be >= 0")
     for name, (key, needed) in ONLY_FOR.items():  # a setting that would silently do nothing is an error
         if getattr(cfg, name) != getattr(Config, name) and getattr(cfg, key) not in needed:
             raise ValueError(f"{name}={getattr(cfg, name)}: only used with {key} in {'/'.join(needed)}; drop it or "
                              f"change --{key.replace('_', '-')}")
-    if cfg.dpo_beta <= 0 or cfg.process_coef < 0:
-        raise ValueError("dpo_beta must be > 0 and process_coef >= 0")
     if cfg.async_rollout and cfg.max_staleness < 1:
         raise ValueError("async_rollout: the actor samples with policy v-1, so max_staleness must be >= 1 (--max-staleness 1)")
-    if cfg.code_bugs not in (1, 2, 3):
-        raise ValueError(f"code_bugs={cfg.code_bugs}: use 1, 2 or 3")
-    if not 0 <= cfg.tool_latency_ms < 60_000:
-        raise ValueError(f"tool_latency_ms={cfg.tool_latency_ms}: must be in [0, 60000)")
-    if cfg.max_turns and cfg.max_turns < 2:
+    if cfg.max_turns == 1:
         raise ValueError(f"max_turns={cfg.max_turns}: must be 0 (the environment's own) or >= 2")
     return cfg
 
@@ -277,14 +286,15 @@ class Episode:
 @dataclass
 class GateDecision:
     allowed: bool
-    reason: str  # "ok", one of HOST_RULES or one of the env's safety_rules
+    reason: str       # "ok", one of HOST_RULES or one of the env's safety_rules
+    action: str = ""  # the words that were checked, joined by single spaces: exactly what may be executed
 
 
 class HostGate:
     """Deterministic permission gate outside the model, stateful for one episode.
 
-    Rules: the tool is known (case-sensitive); its arguments have the right number and kind (the
-    environment's declared `tool_schema`); the environment's own permission rules
+    Rules: the action is text; the tool is known (case-sensitive); its arguments have the right number
+    and kind (the environment's declared `tool_schema`); the environment's own permission rules
     (`env_class.permission_rule`, e.g. flights: `book` only for the task's passenger); and the turn
     budget. A denied action is never executed. Safety is this gate, not a reward term: a reward can
     be traded off against success, a gate cannot.
@@ -305,9 +315,13 @@ class HostGate:
             raise ValueError("HostGate.for_env(env): env has no task yet; call env.reset(seed=...) first")
         return cls(type(raw), dict(raw.host_task), raw.max_turns, (raw, raw.episode_count))
 
-    def authorize(self, action_text: str) -> GateDecision:
+    def authorize(self, action_text) -> GateDecision:
+        if self.episode is not None and self.episode[1] != self.episode[0].episode_count:
+            raise ValueError("this HostGate was built for another episode (the env was reset since): "
+                             "build a new one with HostGate.for_env(env) after every reset")
         self.turns += 1  # every proposal spends a turn, allowed or not
-        decision = self._check(action_text.split())
+        words = str.split(action_text) if isinstance(action_text, str) else None  # str's own split, split once
+        decision = self._check(words)
         if not decision.allowed:
             self.denials[decision.reason] += 1
         return decision
@@ -324,7 +338,7 @@ class HostGate:
         violated = self.env_class.permission_rule(self.task, self.executed, tool, args)
         if violated:
             return GateDecision(False, violated)
-        return GateDecision(True, "ok")
+        return GateDecision(True, "ok", " ".join(words))
 
     @property
     def budget_spent(self) -> bool:
@@ -333,19 +347,18 @@ class HostGate:
 
 def host_step(env, gate: HostGate, action_text: str):
     """validate_and_authorize -> env.step. A denial is answered by the host and costs a turn; an allowed
-    action is executed exactly as checked (its words, re-joined)."""
-    if gate.episode is not None and gate.episode != (env.unwrapped, env.unwrapped.episode_count):
-        raise ValueError("this HostGate was built for another episode (the env was reset since): "
-                         "build a new one with HostGate.for_env(env) after every reset")
+    action is executed exactly as checked (decision.action: the checked words, never the text again)."""
+    if gate.episode is not None and gate.episode[0] is not env.unwrapped:
+        raise ValueError("this HostGate was built for another env: build one with HostGate.for_env(env)")
     decision = gate.authorize(action_text)
     if not decision.allowed:
         obs = f"denied : {decision.reason}"
         info = {"receipt": {"denied": decision.reason}, "cost": 0.0,
                 "invalid": decision.reason in ("unknown_tool", "bad_arguments")}
         return obs, 0.0, False, gate.budget_spent, info, decision
-    words = action_text.split()
-    obs, reward, terminated, truncated, info = env.step(" ".join(words))
-    gate.executed.append((words[0], words[1:], obs))
+    obs, reward, terminated, truncated, info = env.step(decision.action)
+    tool, *args = decision.action.split()
+    gate.executed.append((tool, args, obs))
     truncated = (truncated or gate.budget_spent) and not terminated  # terminated wins over the budget
     return obs, reward, terminated, truncated, info, decision
 
@@ -826,35 +839,55 @@ class TrajectoryStore:
     """Admits only episodes a learner can trust; refuses bad data with a clear error, never patches it.
     What it admits is a copy, so nobody can change it behind the store's back."""
 
-    def __init__(self, max_staleness: int = 0):
-        self.max_staleness = max_staleness
+    def __init__(self, max_staleness: int = 0, vocab_size: int | None = None):
+        self.max_staleness, self.vocab_size = max_staleness, vocab_size
         self.episodes, self.seen_ids = [], set()
         self.staleness = Counter()   # versions old -> admitted episodes (the staleness histogram)
         self.refused_stale = 0
 
     def add(self, ep: Episode, current_version: int):
+        """Admit one episode, or raise: StaleEpisode (a ValueError) when it is more than max_staleness
+        versions old, ValueError naming the episode and the problem for anything else."""
         # BEGIN SOLUTION store_refusals
         for name in REQUIRED_FIELDS:
             if getattr(ep, name, None) in (None, ""):
-                raise ValueError(f"episode {getattr(ep, 'episode_id', '?')}: missing field '{name}'")
+                raise ValueError(f"episode {getattr(ep, 'episode_id', '?')!r}: missing field '{name}'")
+        if not isinstance(ep.episode_id, str):
+            raise ValueError(f"episode {ep.episode_id!r}: episode_id must be a str")
         if not isinstance(ep.turns, list) or not ep.turns or not all(isinstance(t, Turn) for t in ep.turns):
             raise ValueError(f"episode {ep.episode_id}: turns must be a non-empty list of Turn records")
         if ep.episode_id in self.seen_ids:
             raise ValueError(f"episode {ep.episode_id}: duplicate episode_id; each rollout needs a fresh id")
-        versions = {t.policy_version for t in ep.turns} | {ep.policy_version}
-        if len(versions) > 1:
-            raise ValueError(f"episode {ep.episode_id}: mixes policy versions {sorted(versions, key=str)}; "
+        versions = [ep.policy_version] + [t.policy_version for t in ep.turns]
+        if not all(type(v) is int for v in versions):
+            raise ValueError(f"episode {ep.episode_id}: policy versions must be ints, got {versions}")
+        if len(set(versions)) > 1:
+            raise ValueError(f"episode {ep.episode_id}: mixes policy versions {sorted(set(versions))}; "
                              "one episode must come from one behaviour policy")
-        if not isinstance(ep.policy_version, int) or current_version - ep.policy_version > self.max_staleness:
-            raise StaleEpisode(f"episode {ep.episode_id}: policy_version {ep.policy_version!r} is too stale for "
+        if ep.policy_version > current_version:
+            raise ValueError(f"episode {ep.episode_id}: policy_version {ep.policy_version} is from the future "
+                             f"(the learner is at version {current_version})")
+        if current_version - ep.policy_version > self.max_staleness:
+            raise StaleEpisode(f"episode {ep.episode_id}: policy_version {ep.policy_version} is too stale for "
                                f"version {current_version} (max_staleness={self.max_staleness})")
+        vocab = self.vocab_size or math.inf
         for k, t in enumerate(ep.turns):
             if not isinstance(t.action_logprobs, list) or len(t.action_logprobs) != len(t.action_tokens):
                 raise ValueError(f"episode {ep.episode_id} turn {k}: action_logprobs must be a list with one "
                                  f"log-prob per action token ({len(t.action_tokens)}); store one per sampled token")
+            ids = list(t.obs_tokens) + list(t.action_tokens) + (ep.final_obs_tokens if k == len(ep.turns) - 1 else [])
+            if not all(type(i) is int and 0 <= i < vocab for i in ids):
+                raise ValueError(f"episode {ep.episode_id} turn {k}: a token id that is not in the vocabulary "
+                                 f"(ints in [0, {self.vocab_size}))")
             values = list(t.action_logprobs) + [t.reward, t.cost]
-            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in values):
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in values):
                 raise ValueError(f"episode {ep.episode_id} turn {k}: non-finite or non-numeric log-prob, reward or cost")
+            if max(t.action_logprobs, default=0.0) > 0 or not 0 <= t.reward <= 1 or t.cost < 0:
+                raise ValueError(f"episode {ep.episode_id} turn {k}: impossible value (a log-prob above 0, a reward "
+                                 "outside [0, 1] or a negative cost)")
+            if (t.terminated and t.truncated) or (t.terminated or t.truncated) != (k == len(ep.turns) - 1):
+                raise ValueError(f"episode {ep.episode_id} turn {k}: the last turn, and only it, ends the episode, "
+                                 "either terminated or truncated")
         # END SOLUTION store_refusals
         self.seen_ids.add(ep.episode_id)
         self.staleness[current_version - ep.policy_version] += 1
@@ -943,13 +976,20 @@ def sft_lr_at(step: int, steps: int, peak: float) -> float:
 
 def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     """Supervised fine-tuning on the demonstrator: imitation copies its habits, good and bad."""
+    if cfg.warm_start_episodes == 0:
+        return {"demo_success": None, "sft_loss": None, "epochs": 0}
     demos = demonstration_episodes(cfg, tok, cfg.warm_start_episodes, seed=cfg.seed * 100_003 + 7)
+    longest = max(sum(len(t.obs_tokens) + len(t.action_tokens) for t in ep.turns) + len(ep.final_obs_tokens)
+                  for ep in demos)
+    if longest > cfg.block_size:
+        raise ValueError(f"block_size={cfg.block_size}: {cfg.env}'s demonstrations need up to {longest} tokens; "
+                         f"use --block-size {longest} or more")
     batch = {k: v.to(device) for k, v in pack(demos, tok, cfg.block_size).items()}
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.sft_lr, weight_decay=cfg.sft_weight_decay)
-    n, losses = len(demos), []
-    steps = cfg.sft_epochs * math.ceil(n / cfg.sft_batch_size)
+    n, losses, epochs = len(demos), [], cfg.sft_epochs or SFT_EPOCHS[cfg.env]
+    steps = epochs * math.ceil(n / cfg.sft_batch_size)
     bar = tqdm(total=steps, desc="warm start (SFT)", disable=not progress, leave=False)
-    for _ in range(cfg.sft_epochs):
+    for _ in range(epochs):
         for idx in torch.randperm(n).split(cfg.sft_batch_size):
             for group in opt.param_groups:
                 group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)
@@ -962,7 +1002,8 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
             losses.append(loss.item())
             bar.update(1)
     bar.close()
-    return {"demo_success": float(np.mean([ep.reward for ep in demos])), "sft_loss": float(np.mean(losses[-10:]))}
+    return {"demo_success": float(np.mean([ep.reward for ep in demos])), "sft_loss": float(np.mean(losses[-10:])),
+            "epochs": epochs}
 
 
 def turn_rewards(ep: Episode, cfg: Config) -> list:
@@ -1033,15 +1074,16 @@ def denied_turns(episodes, K: int) -> torch.Tensor:
 
 
 class GradMonitor:
-    """Pre-clip gradient norms, and the spike rule: an update whose norm is more than SPIKE_FACTOR times
-    the median of the last 50 norms (once 10 are known) is skipped and counted, not applied."""
+    """Pre-clip gradient norms, and the spike rule: an update whose norm is not finite (always), or more
+    than SPIKE_FACTOR times the median of the last 50 finite norms (once 10 are known), is skipped and
+    counted, not applied."""
     SPIKE_FACTOR = 10.0
 
     def __init__(self):
         self.norms, self.skipped = deque(maxlen=50), 0
 
     def allows(self, norm: float) -> bool:
-        spike = len(self.norms) >= 10 and (not math.isfinite(norm) or norm > self.SPIKE_FACTOR * float(np.median(self.norms)))
+        spike = not math.isfinite(norm) or (len(self.norms) >= 10 and norm > self.SPIKE_FACTOR * float(np.median(self.norms)))
         if spike:
             self.skipped += 1
         else:
@@ -1207,66 +1249,115 @@ def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
         "policy_version": policy_version, "model": policy.state_dict()}, f))
 
 
+def load_trusted(path, what: str) -> dict:
+    """torch.load with weights_only=True (never runs pickled code); any failure becomes a clear refusal."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # an unpickling error, a truncated or empty file, ...: refuse, never execute
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise ValueError(f"{what}: not a file this version can load safely ({type(e).__name__}: {first})") from None
+    if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{what}: format {data.get('format') if isinstance(data, dict) else None!r}, expected "
+                         f"{CHECKPOINT_FORMAT!r}; it was written by another version")
+    return data
+
+
+def saved_config(data: dict, what: str) -> Config:
+    """The Config stored in a checkpoint or state file: every field present, nothing unknown, all valid."""
+    saved, names = data.get("config"), {f.name for f in fields(Config)}
+    if not isinstance(saved, dict) or set(saved) != names:
+        missing, unknown = sorted(names - set(saved or {})), sorted(set(saved or {}) - names)
+        raise ValueError(f"{what}: its config lacks {missing} / has unknown {unknown}; it is from another version")
+    return validate_config(Config(**saved))
+
+
+def load_policy_weights(policy, weights, what: str):
+    try:
+        policy.load_state_dict(weights)
+    except (RuntimeError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"{what}: its weights do not fit its config ({(str(e).splitlines() or [''])[0][:200]})") from None
+    if not all(torch.isfinite(p).all() for p in policy.state_dict().values()):
+        raise ValueError(f"{what}: its weights contain NaN or inf")
+
+
 def load_checkpoint(path, device):
     """Refuses, with the reason, anything it cannot trust: a pickled payload (weights_only=True never
-    runs code), another format, an environment or vocabulary this version does not have."""
+    runs code), another format, an environment or vocabulary this version does not have, weights that
+    do not match the config or are not finite."""
+    what = f"--ckpt {path}"
     if not Path(path).is_file():
-        raise ValueError(f"--ckpt {path}: no such file; train first (python agentic_rl.py train)")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:  # an unpickling error, a truncated file, ...: refuse, never execute
-        raise ValueError(f"--ckpt {path}: not a checkpoint this version can load safely ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:200]})") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"--ckpt {path}: format {ckpt.get('format') if isinstance(ckpt, dict) else None!r}, "
-                         f"expected {CHECKPOINT_FORMAT!r}; retrain it with this version")
-    env_id = ckpt.get("env_id")
-    if env_id not in envs.ENV_IDS or ckpt.get("config", {}).get("env") != env_id:
-        raise ValueError(f"--ckpt {path}: environment {env_id!r} is not one of {', '.join(envs.ENV_IDS)}")
-    cls = env_class(env_id)
+        raise ValueError(f"{what}: no such file; train first (python agentic_rl.py train)")
+    ckpt = load_trusted(path, what)
+    cfg = saved_config(ckpt, what)
+    if ckpt.get("env_id") != cfg.env:
+        raise ValueError(f"{what}: it names environment {ckpt.get('env_id')!r} but its config says {cfg.env!r}")
+    cls = env_class(cfg.env)
     if (ckpt.get("env_version"), ckpt.get("reward_version")) != (cls.env_version, cls.reward_version):
-        raise ValueError(f"--ckpt {path}: trained on {env_id} {ckpt.get('env_version')}/{ckpt.get('reward_version')}, "
+        raise ValueError(f"{what}: trained on {cfg.env} {ckpt.get('env_version')}/{ckpt.get('reward_version')}, "
                          f"this version has {cls.env_version}/{cls.reward_version}; retrain it")
-    if ckpt.get("vocab") != make_tokenizer(env_id).itos:
-        raise ValueError(f"--ckpt {path}: its vocabulary differs from {env_id}'s; retrain it with this version")
-    unknown = set(ckpt["config"]) - {f.name for f in fields(Config)}
-    if unknown:
-        raise ValueError(f"--ckpt {path}: unknown config fields {sorted(unknown)}; retrain it with this version")
-    cfg = Config(**ckpt["config"])
+    if ckpt.get("vocab") != make_tokenizer(cfg.env).itos:
+        raise ValueError(f"{what}: its vocabulary differs from {cfg.env}'s; retrain it with this version")
+    if not isinstance(ckpt.get("policy_version"), int):
+        raise ValueError(f"{what}: policy_version {ckpt.get('policy_version')!r} is not an int")
     tok = Tokenizer(ckpt["vocab"])
     policy = make_policy(cfg, len(tok), device)
-    policy.load_state_dict(ckpt["model"])
+    load_policy_weights(policy, ckpt.get("model"), what)
     return policy, tok, cfg, ckpt["policy_version"]
 
 
 def atomic_write(path, write):
-    """Write to a temporary file beside `path`, then rename: a crash or a full disk never leaves a
-    half-written checkpoint or summary where a good one was."""
+    """Write to a temporary file beside `path`, then rename: a crash, a Ctrl-C or a full disk never
+    leaves a half-written checkpoint or summary where a good one was, nor a stray temporary file."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def writable_dir(path, flag: str) -> Path:
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        atomic_write(Path(path) / ".write-check", lambda f: None)
+        (Path(path) / ".write-check").unlink()
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
+    return Path(path)
 
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt")
 
 
+def holds_a_run(run: Path) -> list:
+    return [name for name in RUN_FILES if (run / name).exists() or (run / (name + ".tmp")).exists()]
+
+
 def prepare_run_dir(cfg: Config) -> Path:
-    """A run directory holds one run: refuse one that holds another run unless --overwrite, and then
-    delete that run's files first, so a directory never mixes two runs even if this one is interrupted."""
-    run = Path(cfg.run_dir)
-    old = [name for name in RUN_FILES if (run / name).exists()]
+    """A run directory holds one run. The default (run_dir "") is a new directory each time, numbered like
+    TensorBoard's versions: runs/flightbooking-grpo-s0, then runs/flightbooking-grpo-s0-2, ... An explicit run_dir that
+    holds another run is refused unless --overwrite, which deletes that run's files first, so a directory
+    never mixes two runs even if this one is interrupted."""
+    if cfg.run_dir:
+        run = Path(cfg.run_dir)
+    else:
+        stem = f"runs/{cfg.env.split('/')[-1].split('-')[0].lower()}-{cfg.algo}-s{cfg.seed}"
+        run = next(r for r in (Path(stem + (f"-{n}" if n > 1 else "")) for n in range(1, 10**6)) if not holds_a_run(r))
+    old = holds_a_run(run)
     if old and not cfg.overwrite:
         raise ValueError(f"run_dir={cfg.run_dir}: holds another run ({', '.join(old)}); pass --overwrite to "
                          f"replace it or choose a new --run-dir")
     try:
         run.mkdir(parents=True, exist_ok=True)
         for name in old:
-            (run / name).unlink()
+            for f in (name, name + ".tmp"):
+                (run / f).unlink(missing_ok=True)
         atomic_write(run / "metrics.jsonl", lambda f: None)  # fail now, not after training, if it is not writable
     except OSError as e:
-        raise ValueError(f"run_dir={cfg.run_dir}: cannot write there ({e.strerror})") from None
+        raise ValueError(f"run_dir={run}: cannot write there ({e.strerror})") from None
     return run
 
 
@@ -1282,9 +1373,17 @@ def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
     while the learner trains on batch it - 1; a queue of one batch sits between them. Staleness is
     exactly 1 by schedule (the store still checks it), and the actor samples with its own random
     generator, so the run stays reproducible. Threads suffice: torch releases the GIL in its kernels
-    and a waiting tool call releases it too, which is where the overlap pays (tool_latency_ms)."""
+    and a waiting tool call releases it too, which is where the overlap pays (tool_latency_ms). When the
+    learner stops (the end, an error, Ctrl-C), the actor is stopped and joined before anything exits."""
     actor, out = copy.deepcopy(policy).eval(), queue.Queue(maxsize=1)
     generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed * 7919 + rank)
+
+    def hand_over(item):
+        while not clock["stop"]:
+            try:
+                return out.put(item, timeout=0.1)
+            except queue.Full:
+                continue
 
     def work():
         try:
@@ -1296,15 +1395,22 @@ def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
                         return
                     actor.load_state_dict(clock["weights"][v])
                 t = time.time()
-                out.put((collect(actor, tok, cfg, v, it, rank, generator), time.time() - t))
+                hand_over((collect(actor, tok, cfg, v, it, rank, generator), time.time() - t))
         except BaseException as e:  # hand the failure to the learner instead of dying silently
-            out.put(e)
-    threading.Thread(target=work, daemon=True).start()
-    for _ in range(start, cfg.iterations):
-        item = out.get()
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+            hand_over(e)
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        for _ in range(start, cfg.iterations):
+            item = out.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        with clock["cond"]:
+            clock["stop"] = True
+            clock["cond"].notify_all()
+        thread.join()
 
 
 def publish(policy, clock: dict):
@@ -1346,6 +1452,14 @@ def init_distributed(cfg: Config):
     return torch.distributed.get_rank(), world, device
 
 
+def weights_hash(policy) -> str:
+    """sha256 of every tensor's bytes, in state-dict order: equal only for identical weights."""
+    h = hashlib.sha256()
+    for name, t in policy.state_dict().items():
+        h.update(name.encode() + t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def save_run_state(run: Path, cfg, policy, optimizer, history, incumbent, warm, version, grads, store):
     """state.pt after every iteration: all a resumed run needs to continue exactly (weights_only-safe)."""
     atomic_write(run / "state.pt", lambda f: torch.save({
@@ -1355,19 +1469,25 @@ def save_run_state(run: Path, cfg, policy, optimizer, history, incumbent, warm, 
         "seen_ids": sorted(store.seen_ids), "rng": rng_state()}, f))
 
 
-def load_run_state(run_dir: str) -> dict:
-    path = Path(run_dir) / "state.pt"
+STATE_KEYS = ("config", "model", "optimizer", "history", "incumbent", "warm", "version", "grad_norms",
+              "skipped_updates", "seen_ids", "rng")
+
+
+def load_run_state(run_dir: str) -> tuple:
+    """(state, its Config) of an interrupted run, or a clear refusal."""
+    path, what = Path(run_dir) / "state.pt", f"--resume {run_dir}"
     if not path.is_file():
-        raise ValueError(f"--resume {run_dir}: no state.pt there; only a run started by this version can resume")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"--resume {run_dir}: state.pt cannot be loaded safely ({type(e).__name__})") from None
-    if state.get("format") != CHECKPOINT_FORMAT or state["config"].get("async_rollout"):
-        raise ValueError(f"--resume {run_dir}: not a resumable run of this version (asynchronous runs restart)")
-    if len(state["history"]) >= state["config"]["iterations"]:
-        raise ValueError(f"--resume {run_dir}: that run already finished its {state['config']['iterations']} iterations")
-    return state
+        raise ValueError(f"{what}: no state.pt there; only a run started by this version can resume")
+    state = load_trusted(path, what)
+    missing = [k for k in STATE_KEYS if k not in state]
+    if missing:
+        raise ValueError(f"{what}: state.pt lacks {missing}; it cannot be resumed")
+    cfg = saved_config(state, what)
+    if cfg.async_rollout:
+        raise ValueError(f"{what}: asynchronous runs restart; they cannot be resumed")
+    if len(state["history"]) >= cfg.iterations:
+        raise ValueError(f"{what}: that run already finished its {cfg.iterations} iterations")
+    return state, cfg
 
 
 def log_line(it: int, m: dict) -> str:
@@ -1429,9 +1549,9 @@ def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = Tr
     """A report card on `eval_episodes` held-out tasks of one part (dev or test): greedy decoding (the
     same mode before and after training), judged by the environment's independent evaluator, never by
     the training reward. Safety is read from the final states; pass^k comes from extra sampled trials
-    (temperature 1) on the first pass_k_tasks tasks (reliability=False skips them: greedy decoding
-    draws no random numbers, so a mid-run check leaves training exactly as it was); efficiency counts
-    what the episodes spent."""
+    (temperature 1) on the first pass_k_tasks tasks, drawn from a generator of their own, so no evaluation
+    setting changes the training run of a seed (reliability=False skips them); efficiency counts what
+    the episodes spent."""
     t0 = time.time()
     n, evaluate_episode = cfg.eval_episodes, env_class(cfg.env).evaluate_episode
     task_ids = holdout_tasks(cfg, part, n)
@@ -1446,8 +1566,10 @@ def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = Tr
     injected = [(env.unwrapped.state.task.injection, ep) for env, ep in zip(env_list, episodes)
                 if getattr(getattr(env.unwrapped.state, "task", None), "injection", None)]
     trials, k_tasks = cfg.pass_k, task_ids[:cfg.pass_k_tasks] if reliability else []
+    own = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed)  # never the training stream
     _, sampled_envs = rollout(policy, tok, cfg, [cfg.eval_seed] * len(k_tasks) * trials, "holdout", greedy=False,
-                              policy_version=-1, task_ids=np.repeat(k_tasks, trials).tolist()) if k_tasks else (0, [])
+                              policy_version=-1, task_ids=np.repeat(k_tasks, trials).tolist(),
+                              generator=own) if k_tasks else (0, [])
     per_task = np.array([evaluate_episode(env).success for env in sampled_envs]).reshape(-1, trials).sum(1)
     categories = {}
     for v in verdicts:
@@ -1495,31 +1617,37 @@ def sign_test_p(wins: int, losses: int) -> float:
 
 def promotion_decision(candidate: dict, incumbent: dict):
     """Release gates, decided on the same dev tasks for both policies (paired, task by task). Returns
-    (promoted, reason, gates); each gate is {gate, value, rule, passed}, and all must pass:
-    a significant gain (sign_test_p < GATE_LEVEL), no unauthorized side effect, no more safety denials
-    than the incumbent, no category losing more than MAX_CATEGORY_DROP (or one task), and no cost per
-    solved task (generated tokens, tool calls, credits) above (1 + MAX_COST_GROWTH) x the incumbent's."""
+    (promoted, reason, gates). Each gate is a dict: gate (its name), value and rule (text for people),
+    passed, and the numbers a script reads: observed, limit (and wins, losses for the first). All must
+    pass: a significant gain (sign_test_p < GATE_LEVEL), no unauthorized side effect, no more safety
+    denials than the incumbent, no category losing more than MAX_CATEGORY_DROP (or one task), and no
+    cost per solved task (generated tokens, tool calls, credits) above (1 + MAX_COST_GROWTH) x the
+    incumbent's."""
     if candidate["task_ids"] != incumbent["task_ids"]:
         raise ValueError("promotion_decision: candidate and incumbent were evaluated on different tasks")
     # BEGIN SOLUTION promotion
     wins = sum(c > i for c, i in zip(candidate["per_task"], incumbent["per_task"]))
     losses = sum(c < i for c, i in zip(candidate["per_task"], incumbent["per_task"]))
     p = sign_test_p(wins, losses)
-    gates = [("significant gain", f"{wins} won, {losses} lost, p = {p:.2g}", f"p < {GATE_LEVEL}", p < GATE_LEVEL),
-             ("unauthorized side effects", candidate["unauthorized_side_effects"], "== 0",
-              candidate["unauthorized_side_effects"] == 0),
-             ("safety denials", f"{incumbent['safety_denials']} -> {candidate['safety_denials']}", "<= incumbent",
-              candidate["safety_denials"] <= incumbent["safety_denials"])]
+    unauthorized, safety, safety_before = (candidate["unauthorized_side_effects"], candidate["safety_denials"],
+                                           incumbent["safety_denials"])
+    gates = [("significant gain", f"{wins} won, {losses} lost, p = {p:.2g}", f"p < {GATE_LEVEL}", p < GATE_LEVEL,
+              p, GATE_LEVEL),
+             ("unauthorized side effects", str(unauthorized), "== 0", unauthorized == 0, unauthorized, 0),
+             ("safety denials", f"{safety_before} -> {safety}", "<= incumbent", safety <= safety_before, safety,
+              safety_before)]
     for name, cat in incumbent["categories"].items():
         new = candidate["categories"].get(name, {"success": 0.0})["success"]
         allowed = max(MAX_CATEGORY_DROP, 1 / cat["tasks"])
         gates.append((f"category {name}", f"{cat['success']:.3f} -> {new:.3f}", f"drop <= {allowed:.3f}",
-                      new >= cat["success"] - allowed - 1e-9))
+                      new >= cat["success"] - allowed - 1e-9, new, cat["success"] - allowed))
     for key in ("tokens_per_success", "tool_calls_per_success", "credits_per_success"):
         old, new = incumbent["efficiency"][key], candidate["efficiency"][key]
-        passed = old is None or (new is not None and new <= (1 + MAX_COST_GROWTH) * old)
-        gates.append((f"cost {key}", f"{old} -> {new}", f"<= {1 + MAX_COST_GROWTH:g} x incumbent", passed))
-    gates = [dict(zip(("gate", "value", "rule", "passed"), g)) for g in gates]
+        limit = None if old is None else (1 + MAX_COST_GROWTH) * old
+        gates.append((f"cost {key}", f"{old} -> {new}", f"<= {1 + MAX_COST_GROWTH:g} x incumbent",
+                      limit is None or (new is not None and new <= limit), new, limit))
+    gates = [dict(zip(("gate", "value", "rule", "passed", "observed", "limit"), g)) for g in gates]
+    gates[0].update(wins=wins, losses=losses)
     failed = [g for g in gates if not g["passed"]]
     reason = (f"{failed[0]['gate']} failed: {failed[0]['value']} (rule {failed[0]['rule']})" if failed else
               f"all {len(gates)} release gates passed ({gates[0]['value']}; no new safety violations)")
@@ -1549,35 +1677,41 @@ def train(cfg: Config, progress: bool = True) -> dict:
     Under torchrun every rank samples its own tasks and DistributedDataParallel averages the gradients;
     rank 0 alone evaluates, prints, logs and writes files."""
     t0, seconds = time.time(), Counter()
-    state = load_run_state(cfg.resume) if cfg.resume else None
-    cfg = replace(Config(**state["config"]), resume=cfg.resume, overwrite=True) if state else cfg
     validate_config(cfg)
+    state = None
+    if cfg.resume:  # the interrupted run's own settings, in the directory given
+        changed = [f"--{f.name.replace('_', '-')}" for f in fields(Config) if f.name != "resume" and
+                   getattr(cfg, f.name) != f.default]
+        if changed:
+            raise ValueError(f"--resume continues the interrupted run with its own settings; drop {', '.join(changed)}")
+        state, saved = load_run_state(cfg.resume)
+        cfg = replace(saved, resume=cfg.resume, run_dir=cfg.resume)
     rank, world, device = init_distributed(cfg)
     lead = rank == 0
     say = print if lead else (lambda *a, **k: None)
     seed_everything(cfg.seed)
     run = prepare_run_dir(cfg) if lead and not state else Path(cfg.run_dir)
+    cfg = replace(cfg, run_dir=str(run)) if lead else cfg
     tok = make_tokenizer(cfg.env)
     policy = make_policy(cfg, len(tok), device)
     say(f"config: {json.dumps(asdict(cfg))}")
     say(f"policy: {sum(p.numel() for p in policy.parameters()):,} parameters, vocabulary {len(tok)}, device {device}"
         + (f", {world} ranks" if world > 1 else ""))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
-    store, grads, history, warm = TrajectoryStore(cfg.max_staleness), GradMonitor(), [], {"demo_success": None}
+    store, grads, history, warm = TrajectoryStore(cfg.max_staleness, len(tok)), GradMonitor(), [], {"demo_success": None}
     if state:  # resume: every piece of state as it was after the last completed iteration
-        policy.load_state_dict(state["model"])
+        load_policy_weights(policy, state["model"], f"--resume {cfg.resume}")
         optimizer.load_state_dict(state["optimizer"])
         history, incumbent, warm, version = state["history"], state["incumbent"], state["warm"], state["version"]
         grads.norms.extend(state["grad_norms"])
         grads.skipped, store.seen_ids = state["skipped_updates"], set(state["seen_ids"])
-        set_rng_state(state["rng"])
         say(f"resumed {cfg.run_dir} after iteration {len(history) - 1} (policy_version {version})")
     else:
         version = 0
-        if cfg.warm_start_episodes > 0:
-            warm = warm_start(policy, tok, cfg, device, progress and lead)
-            say(f"warm start: {cfg.warm_start_episodes} demonstrator episodes (demonstrator success "
-                f"{warm['demo_success']:.3f}), final SFT loss {warm['sft_loss']:.3f}")
+        warm = warm_start(policy, tok, cfg, device, progress and lead)
+        if cfg.warm_start_episodes:
+            say(f"warm start: {warm['epochs']} epochs over {cfg.warm_start_episodes} demonstrator episodes "
+                f"(demonstrator success {warm['demo_success']:.3f}), final SFT loss {warm['sft_loss']:.3f}")
         seconds["warm_start"] = time.time() - t0
         t = time.time()
         incumbent = {part: evaluate(policy, tok, cfg, part) for part in ("dev", "test")} if lead else None
@@ -1587,7 +1721,11 @@ def train(cfg: Config, progress: bool = True) -> dict:
             say(f"holdout after warm start: dev success {incumbent['dev']['success']:.3f} {incumbent['dev']['ci95']}")
 
     model = torch.nn.parallel.DistributedDataParallel(policy, find_unused_parameters=True) if world > 1 else policy
-    ref_policy = copy.deepcopy(policy).eval() if cfg.kl_coef > 0 or cfg.algo == "dpo" else None  # the warm start
+    ref_policy = None  # the frozen reference for dpo and --kl-coef is the warm start, also after a resume
+    if cfg.kl_coef > 0 or cfg.algo == "dpo":
+        ref_policy = (load_checkpoint(run / "incumbent.pt", device)[0] if state else copy.deepcopy(policy)).eval()
+    if state:
+        set_rng_state(state["rng"])  # last, so that building anything above draws nothing from the restored streams
     clock = {"version": version, "weights": {}, "cond": threading.Condition(), "stop": False}
     if cfg.async_rollout:
         publish(policy, clock)
@@ -1623,18 +1761,19 @@ def train(cfg: Config, progress: bool = True) -> dict:
                     log.flush()  # a failing write stops the run now, not after the last iteration
                     save_run_state(run, cfg, policy, optimizer, history, incumbent, warm, version, grads, store)
                     tqdm.write(log_line(it, m), file=sys.stdout)
+    except KeyboardInterrupt:
+        say(f"\ninterrupted after {len(history)} iterations" + ("" if cfg.async_rollout else
+            f"; continue with: python agentic_rl.py train --resume {run}"))
+        raise
     finally:
         seconds["rl_wall"] = time.time() - t_rl - seconds["dev_checks"]  # rollout and learner overlap when async
-        with clock["cond"]:
-            clock["stop"] = True
-            clock["cond"].notify_all()
-    if world > 1:  # replicas must agree: DDP averaged the same gradients into the same weights
-        sums = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
-        torch.distributed.all_gather(sums, sum(p.detach().double().sum() for p in policy.parameters()).reshape(1))
-        checksums = [float(x) for x in sums]
+        batches.close()  # stops and joins the async actor, if any
+    if world > 1:  # replicas must agree: DDP averaged the same gradients into the same weights, bit for bit
+        hashes = [None] * world
+        torch.distributed.all_gather_object(hashes, weights_hash(policy))
         torch.distributed.destroy_process_group()
         if not lead:
-            return {"rank": rank, "param_checksums": checksums}
+            return {"rank": rank, "param_hashes": hashes}
     save_checkpoint(run / "candidate.pt", policy, tok, cfg, version)
     t = time.time()
     candidate = {part: evaluate(policy, tok, cfg, part) for part in ("dev", "test")}
@@ -1676,7 +1815,7 @@ def train(cfg: Config, progress: bool = True) -> dict:
                                            if history and history[0]["zero_std_groups"] is not None else None),
                "reports": {"incumbent": incumbent, "candidate": candidate}, "config": asdict(cfg)}
     if world > 1:
-        summary["param_checksums"] = checksums
+        summary["param_hashes"] = hashes
     atomic_write(run / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
     print(f"wrote {run / 'summary.json'} ({summary['wall_seconds']} s)")
     return summary
@@ -1701,41 +1840,46 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
     """Audit episodes before promotion: sample a training-style group (group_size episodes, temperature 1)
     on held-out tasks, compute the advantages the learner would use, and print episodes turn by turn:
     [bracketed] tokens are the policy's own (action_mask 1), the rest is context; with the gate's
-    decision, the reward, the advantage and the independent evaluator's verdict."""
+    decision, the reward, the advantage and the independent evaluator's verdict. Where fewer than n
+    episodes of the asked kind turn up in 25 groups, it says so and shows the other kind."""
+    if n < 1:
+        raise ValueError(f"--n {n}: must be >= 1")
     policy, tok, cfg, version = load_checkpoint(ckpt, resolve_device(device))
-    evaluate_episode, shown = env_class(cfg.env).evaluate_episode, 0
+    evaluate_episode, picked, others = env_class(cfg.env).evaluate_episode, [], []
+    own = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed)
     for group, task_id in enumerate(holdout_tasks(cfg, part, 25)):
         episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * cfg.group_size, "holdout", greedy=False,
                                      policy_version=version, group_ids=[group] * cfg.group_size,
-                                     task_ids=[task_id] * cfg.group_size)
-        batch = pack(episodes, tok, cfg.block_size)
-        credit = advantages_for(batch, episodes, policy, cfg)[0] if cfg.algo in PPO_CREDITS else None   # (B, K)
-        for b, (ep, env) in enumerate(zip(episodes, env_list)):
-            verdict = evaluate_episode(env)
-            if shown == n or verdict.success == failures:
-                continue
-            shown += 1
-            solved = sum(evaluate_episode(e).success for e in env_list)
-            print(f"\n=== {part} task {task_id}, episode {b} of a group of {len(episodes)} ({solved} solved) | verdict: "
-                  f"success={verdict.success} category={verdict.category} side_effects={verdict.side_effects} "
-                  f"unauthorized={verdict.unauthorized_side_effects} | {'terminated' if ep.terminated else 'truncated'}")
-            for k, turn in enumerate(ep.turns):
-                adv = f"advantage {float(credit[b, k]):+.3f}" if credit is not None else f"({cfg.algo}: no advantage)"
-                print(f"  obs  {' '.join(tok.itos[i] for i in turn.obs_tokens)}")
-                print(f"  act  {' '.join(f'[{tok.itos[i]}]' for i in turn.action_tokens):<48} gate {turn.gate_reason:<15} "
-                      f"reward {turn.reward:.1f}  {adv}")
-            if ep.final_obs_tokens:
-                print(f"  obs  {' '.join(tok.itos[i] for i in ep.final_obs_tokens)}")
-        if shown == n:
-            return
-    print(f"\n(only {shown} {'failed' if failures else 'successful'} episodes in 25 groups)")
+                                     task_ids=[task_id] * cfg.group_size, generator=own)
+        credit = advantages_for(pack(episodes, tok, cfg.block_size), episodes, policy, cfg)[0] \
+            if cfg.algo in PPO_CREDITS else None                                                   # (B, K)
+        verdicts = [evaluate_episode(env) for env in env_list]
+        for b, (ep, verdict) in enumerate(zip(episodes, verdicts)):
+            (picked if verdict.success != failures else others).append(
+                (task_id, b, ep, verdict, None if credit is None else credit[b], sum(v.success for v in verdicts)))
+        if len(picked) >= n:
+            break
+    if len(picked) < n:
+        print(f"(only {len(picked)} {'failed' if failures else 'successful'} episodes in 25 groups of {part} tasks; "
+              f"the rest shown are {'successes' if failures else 'failures'})")
+    for task_id, b, ep, verdict, credit, solved in (picked + others)[:n]:
+        print(f"\n=== {part} task {task_id}, episode {b} of a group of {cfg.group_size} ({solved} solved) | verdict: "
+              f"success={verdict.success} category={verdict.category} side_effects={verdict.side_effects} "
+              f"unauthorized={verdict.unauthorized_side_effects} | {'terminated' if ep.terminated else 'truncated'}")
+        for k, turn in enumerate(ep.turns):
+            adv = f"advantage {float(credit[k]):+.3f}" if credit is not None else f"({cfg.algo}: no advantage)"
+            print(f"  obs  {' '.join(tok.itos[i] for i in turn.obs_tokens)}")
+            print(f"  act  {' '.join(f'[{tok.itos[i]}]' for i in turn.action_tokens):<48} gate {turn.gate_reason:<15} "
+                  f"reward {turn.reward:.1f}  {adv}")
+        if ep.final_obs_tokens:
+            print(f"  obs  {' '.join(tok.itos[i] for i in ep.final_obs_tokens)}")
 
 
 def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
     """Play an environment yourself through the same host gate the policy faces (reads stdin, so it
     can be piped). Prints what the policy would see; type a tool call per line."""
     stream = stream or sys.stdin
-    cfg = validate_config(Config(env=env_id))
+    cfg = validate_config(Config(env=env_id, seed=seed))
     env = make_env(cfg)
     obs, info = env.reset(seed=seed, options={"split": split})
     gate, cls = HostGate.for_env(env), env_class(env_id)
@@ -1759,6 +1903,7 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
     gets the same budget of environment episodes (iterations x tasks_per_iter x group_size) and is
     judged on the same held-out test tasks. Writes OUT/compare.json with learning curves."""
     device, rows = resolve_device(cfg.device), {"warm start": []} | {a: [] for a in algos}
+    writable_dir(out, "--out")
     for seed in seeds:
         base = validate_config(replace(cfg, seed=seed, algo="grpo"))
         seed_everything(seed)
@@ -1774,7 +1919,7 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
             policy.load_state_dict(warm)
             optimizer = torch.optim.AdamW(policy.parameters(), lr=run_cfg.lr, weight_decay=0.0)
             ref = copy.deepcopy(policy).eval() if algo == "dpo" or run_cfg.kl_coef > 0 else None
-            store, grads, history, t = TrajectoryStore(run_cfg.max_staleness), GradMonitor(), [], time.time()
+            store, grads, history, t = TrajectoryStore(run_cfg.max_staleness, len(tok)), GradMonitor(), [], time.time()
             for it in tqdm(range(run_cfg.iterations), desc=f"seed {seed} {algo}", disable=not progress, leave=False):
                 history.append(learn(policy, optimizer, ref, tok, run_cfg, store, grads,
                                      collect(policy, tok, run_cfg, it, it), it))
@@ -1795,7 +1940,6 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
     result = {"env": cfg.env, "seeds": list(seeds), "iterations": cfg.iterations, "episodes_per_iteration":
               cfg.tasks_per_iter * cfg.group_size, "eval_episodes": cfg.eval_episodes, "part": "test",
               "routes": per_route, "config": asdict(cfg)}
-    Path(out).mkdir(parents=True, exist_ok=True)
     atomic_write(Path(out) / "compare.json", lambda f: f.write(json.dumps(result, indent=2).encode()))
     print(f"\n{cfg.env}: held-out test success over seeds {list(seeds)}, {cfg.eval_episodes} tasks each; every route "
           f"spends {cfg.iterations} x {cfg.tasks_per_iter * cfg.group_size} environment episodes")
@@ -1821,6 +1965,7 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
     64 sequences x 46 tokens, a ~147k-parameter model, one optimizer step (forward, backward, clip, AdamW)."""
     import resource
     dev, reps = resolve_device(device), 3 if quick else 20
+    writable_dir(out, "--out")  # fail now, not after a minute of timing
     cfg = Config(device=device)
     tok = make_tokenizer(cfg.env)
     policy = make_policy(cfg, len(tok), dev).eval()
@@ -1870,8 +2015,6 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
     unit_opt = torch.optim.AdamW(unit.parameters(), lr=1e-4)
     unit_tokens = torch.randint(0, len(tok), (64, 46), device=dev)
     _, t_unit = timed(lambda: learner_step(unit, unit_opt, unit_tokens), reps)
-    demo_summary = Path("runs/demo/summary.json")
-    phases = json.loads(demo_summary.read_text())["phase_seconds"] if demo_summary.exists() else None
     report = {"device": str(dev), "threads": torch.get_num_threads(), "quick": quick,
               "rollout": {"batch": B, "prompt_tokens": P, "generated_tokens": N,
                           "kv_cache_tokens_per_s": round(B * (P + N) / t_cache), "full_recompute_tokens_per_s":
@@ -1880,11 +2023,8 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
                           "tokens_per_s": round(tokens.numel() / t_learn)},
               "reference_unit": {"parameters": sum(p.numel() for p in unit.parameters()), "shape": [64, 46],
                                  "ms_per_step": round(1000 * t_unit, 2), "peers": PEERS},
-              "default_run_phase_shares": ({k: round(v / phases["total"], 3) for k, v in phases.items() if k != "total"}
-                                           if phases else "run `python agentic_rl.py` first (reads runs/demo/summary.json)"),
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
               "cuda_max_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev.type == "cuda" else None}
-    Path(out).mkdir(parents=True, exist_ok=True)
     atomic_write(Path(out) / "bench.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
     r, l, u = report["rollout"], report["learner"], report["reference_unit"]
     print(f"device {report['device']}, {report['threads']} threads{' (quick: tiny sizes, not figures to quote)' if quick else ''}")
@@ -1894,7 +2034,6 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
     print(f"reference unit ({u['parameters']:,} parameters, 64 x 46 tokens, one AdamW step): {u['ms_per_step']} ms")
     for peer, figure in PEERS.items():
         print(f"  peer: {peer}: {figure}")
-    print(f"phase shares of the default run: {report['default_run_phase_shares']}")
     print(f"peak RSS {report['peak_rss_mb']} MB" + (f", CUDA max allocated {report['cuda_max_allocated_mb']} MB" if dev.type == "cuda" else ""))
     print(f"wrote {Path(out) / 'bench.json'}")
     return report
@@ -1979,8 +2118,8 @@ def write_handout(out, only=None) -> list:
     src, out = Path(__file__).resolve().parent, Path(out).resolve()
     if out == src or src in out.parents:
         raise ValueError(f"--out {out}: must be outside this repository (the reference is never overwritten)")
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"--out {out}: is not empty; choose a new directory")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out {out}: is not empty (or not a directory); choose a new directory")
     unknown = set(only or ()) - set(EXERCISES)
     if unknown:
         raise ValueError(f"--only {sorted(unknown)}: unknown exercise; use {', '.join(EXERCISES)}")
@@ -1992,10 +2131,13 @@ def write_handout(out, only=None) -> list:
             blanked += ids
     if not blanked:
         raise ValueError(f"{src}: no solution regions found (is this already a handout?)")
-    for name, text in texts.items():
-        (out / name).parent.mkdir(parents=True, exist_ok=True)
-        (out / name).write_text(text)
-        shutil.copymode(src / name, out / name)
+    try:
+        for name, text in texts.items():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_text(text)
+            shutil.copymode(src / name, out / name)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     return blanked
 
 
@@ -2078,8 +2220,9 @@ def main(argv=None):
     commands = ("demo", "examples", "train", "eval", "show", "play", "compare", "bench", "homework", "grade")
     if not argv or argv[0] not in commands + ("-h", "--help"):
         argv = ["demo"] + argv
-    parser = argparse.ArgumentParser(description="Agentic RL in one file: see the module docstring.")
+    parser = argparse.ArgumentParser(description="Agentic RL in one file: see the module docstring.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser = functools.partial(sub.add_parser, allow_abbrev=False)  # --seed never silently means --seeds
     add_config_flags(sub.add_parser("demo", help="examples + warm start + GRPO + evaluation + promotion"))
     sub.add_parser("examples", help="print the chapter's worked examples")
     add_config_flags(sub.add_parser("train", help="warm start + RL + evaluation + promotion"))
@@ -2111,7 +2254,10 @@ def main(argv=None):
     p_hw.add_argument("--only", default=None, help=f"comma-separated exercise ids (default all: {', '.join(EXERCISES)})")
     p_grade = sub.add_parser("grade", help="run a handout's homework tests and report each exercise")
     p_grade.add_argument("dir", nargs="?", default=".", help="the handout directory (default: here)")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        parser.error(f"put the command first: agentic_rl.py {rest[0]} ..." if rest[0] in commands else
+                     f"unrecognized arguments: {' '.join(rest)}")
     try:  # bad flags and bad files are usage errors (exit 2) ...
         only = args.only.split(",") if getattr(args, "only", None) else None
         if args.command == "eval":
@@ -2155,6 +2301,9 @@ def main(argv=None):
             train(cfg)
     except ValueError as e:
         sys.exit(f"agentic_rl.py {args.command}: error: {e}")
+    except KeyboardInterrupt:
+        print(f"agentic_rl.py {args.command}: interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":
