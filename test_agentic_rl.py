@@ -38,10 +38,12 @@ def tiny_config(**overrides):
     return A.Config(**base)
 
 
-def make_turn(obs_tokens, action_tokens, logprobs=None, version=0, reward=0.0, terminated=False, truncated=False):
+def make_turn(obs_tokens, action_tokens, logprobs=None, version=0, reward=0.0, terminated=False, truncated=False,
+              truncated_by=None):
     logprobs = [-0.5] * len(action_tokens) if logprobs is None else logprobs
     return A.Turn("obs", obs_tokens, action_tokens, logprobs, "act", version, True, "ok", {}, reward, 0.0,
-                  False, terminated, truncated)
+                  False, terminated, truncated, truncated_by if truncated_by is not None else
+                  "turn_budget" if truncated else "")
 
 
 def make_episode(episode_id="e0", version=0, turns=None):
@@ -78,7 +80,7 @@ def test_reset_contract_and_same_seed_same_task():
     obs2, info2 = env.reset(seed=11, options={"split": "holdout"})
     assert obs1 == obs2 and info1["task_id"] == info2["task_id"]
     assert info1["split"] == "holdout" and info1["env_version"] == FLIGHT.env_version
-    assert set(info1["task"]) == {"from", "to", "passenger", "class"}
+    assert set(info1["task"]) == {"from", "to", "passenger", "class", "legs", "route"}
     with pytest.raises(ValueError, match="split"):
         env.reset(seed=0, options={"split": "test"})
 
@@ -138,7 +140,7 @@ def test_after_truncation_the_raw_env_executes_nothing():
     assert truncated
     t = info["task"]
     obs, reward, terminated, truncated, step_info = env.step(f"search {t['from']} {t['to']}")
-    assert obs == "error : episode over" and reward == 0.0 and truncated and not terminated and step_info["invalid"]
+    assert obs == "error : episode over 0 left" and reward == 0.0 and truncated and not terminated and step_info["invalid"]
     assert env.unwrapped.state.listed == [] and env.unwrapped.state.turns == 8, "nothing was executed"
 
 
@@ -160,8 +162,8 @@ def test_async_vector_envs_refuse_shared_memory_and_work_over_pipes():
     vec = gym.make_vec(envs.VAULT_ID, num_envs=2, vectorization_mode="async", vector_kwargs={"shared_memory": False})
     try:
         obs, _ = vec.reset(seed=0)
-        assert obs[0] == "task : open the vault . code in 1 to 15"
-        assert vec.step(["status", "status"])[0][1] == "status : locked"
+        assert obs[0] == "task : open the vault . code in 1 to 15 6 left"
+        assert vec.step(["status", "status"])[0][1] == "status : locked 5 left"
     finally:
         vec.close()
 
@@ -207,15 +209,16 @@ def test_host_gate_allow_and_deny_rules():
 
 
 def test_host_gate_turn_budget_and_denied_actions_are_not_executed():
-    env = gym.make(envs.ENV_ID)
+    env = gym.make(envs.ENV_ID, max_turns=2)
     _, info = env.reset(seed=5)
-    gate = A.HostGate(FLIGHT, info["task"], max_turns=2)
+    gate = A.HostGate.for_env(env)
     other = next(p for p in envs.PASSENGERS if p != info["task"]["passenger"])
     obs, reward, terminated, truncated, step_info, decision = A.host_step(env, gate, f"book F1 {other} economy")
-    assert not decision.allowed and obs == "denied : wrong_passenger" and not terminated and not truncated
-    assert env.unwrapped.state.turns == 0 and env.unwrapped.state.bookings == []  # never reached the env
-    obs, *_, truncated, _, decision = A.host_step(env, gate, "filter morning")
-    assert decision.allowed and truncated                                       # budget spent
+    assert not decision.allowed and obs == "denied : wrong_passenger 1 left" and not terminated and not truncated
+    assert env.unwrapped.state.bookings == [] and step_info["receipt"] == {"denied": "wrong_passenger"}
+    assert env.unwrapped.state.turns == gate.turns == 1, "a denial spends a turn of the task's clock, executes nothing"
+    obs, *_, truncated, step_info, decision = A.host_step(env, gate, "filter morning")
+    assert decision.allowed and truncated and step_info["truncated_by"] == "turn_budget"   # budget spent
     assert gate.authorize("finish").reason == "turn_budget"
     with pytest.raises(ValueError, match="reset"):
         A.HostGate.for_env(gym.make(envs.ENV_ID).unwrapped)
@@ -355,38 +358,38 @@ def test_hw_returns_satisfy_the_recursion():
 
 @hw("gae")
 def test_hw_gae_hand_cases():
-    cases = [((1.0, 1.0, True), [0.5, 0.5]), ((1.0, 1.0, False), [1.5, 1.5]), ((1.0, 0.0, True), [0.0, 0.5]),
-             ((0.5, 0.5, True), [-0.125, 0.5])]
-    for (gamma, lam, terminated), want in cases:
-        adv, ret = A.gae([0.0, 1.0], [0.5, 0.5], last_value=1.0, terminated=terminated, gamma=gamma, lam=lam)
-        assert adv.tolist() == pytest.approx(want), f"gamma={gamma} lam={lam} terminated={terminated}"
+    cases = [((1.0, 1.0, False), [0.5, 0.5]), ((1.0, 1.0, True), [1.5, 1.5]), ((1.0, 0.0, False), [0.0, 0.5]),
+             ((0.5, 0.5, False), [-0.125, 0.5])]
+    for (gamma, lam, bootstrap), want in cases:
+        adv, ret = A.gae([0.0, 1.0], [0.5, 0.5], last_value=1.0, bootstrap=bootstrap, gamma=gamma, lam=lam)
+        assert adv.tolist() == pytest.approx(want), f"gamma={gamma} lam={lam} bootstrap={bootstrap}"
         assert ret.tolist() == pytest.approx([a + 0.5 for a in want]), "returns = advantages + values"
 
 
 @hw("gae")
-@pytest.mark.parametrize("terminated, want", [(True, [0.584333, 0.97824, 0.192, 0.6]),
-                                              (False, [0.853071, 1.351488, 0.7104, 1.32])])
-def test_hw_gae_four_turn_golden(terminated, want):
-    adv, _ = A.gae([0.0, 0.5, 0.0, 1.0], [0.3, 0.2, 0.6, 0.4], last_value=0.8, terminated=terminated, gamma=0.9, lam=0.8)
+@pytest.mark.parametrize("bootstrap, want", [(False, [0.584333, 0.97824, 0.192, 0.6]),
+                                             (True, [0.853071, 1.351488, 0.7104, 1.32])])
+def test_hw_gae_four_turn_golden(bootstrap, want):
+    adv, _ = A.gae([0.0, 0.5, 0.0, 1.0], [0.3, 0.2, 0.6, 0.4], last_value=0.8, bootstrap=bootstrap, gamma=0.9, lam=0.8)
     assert adv.tolist() == pytest.approx(want, abs=1e-5)
 
 
 @hw("gae")
-def test_hw_gae_last_value_matters_only_when_truncated():
-    term = [A.gae([0.0], [0.5], last_value=v, terminated=True, gamma=1.0, lam=1.0)[0].item() for v in (0.0, 1.0)]
-    trunc = [A.gae([0.0], [0.5], last_value=v, terminated=False, gamma=1.0, lam=1.0)[0].item() for v in (0.0, 1.0)]
-    assert term == pytest.approx([-0.5, -0.5]), "after termination there is no future value to bootstrap"
-    assert trunc == pytest.approx([-0.5, 0.5]), "after truncation the future still had value V(s_K)"
+def test_hw_gae_last_value_matters_only_when_bootstrapped():
+    end = [A.gae([0.0], [0.5], last_value=v, bootstrap=False, gamma=1.0, lam=1.0)[0].item() for v in (0.0, 1.0)]
+    cut = [A.gae([0.0], [0.5], last_value=v, bootstrap=True, gamma=1.0, lam=1.0)[0].item() for v in (0.0, 1.0)]
+    assert end == pytest.approx([-0.5, -0.5]), "with no future value after the end, last_value must not matter"
+    assert cut == pytest.approx([-0.5, 0.5]), "after a cut from outside the task the future still had value V(s_K)"
 
 
 @hw("gae")
 def test_hw_gae_properties():
-    adv, _ = A.gae([0, 0, 0, 1], [0, 0, 0, 0], 0.0, True, gamma=0.9, lam=1.0)
+    adv, _ = A.gae([0, 0, 0, 1], [0, 0, 0, 0], 0.0, False, gamma=0.9, lam=1.0)
     assert adv.tolist() == pytest.approx([0.729, 0.81, 0.9, 1.0], abs=1e-6), "lam 1, values 0: the discounted return"
     rng = np.random.default_rng(2)
     r, v = rng.normal(size=5).tolist(), rng.normal(size=5)
-    base, _ = A.gae(r, v.tolist(), 0.0, True, gamma=1.0, lam=1.0)
-    shifted, _ = A.gae(r, (v + 0.7).tolist(), 0.0, True, gamma=1.0, lam=1.0)
+    base, _ = A.gae(r, v.tolist(), 0.0, False, gamma=1.0, lam=1.0)
+    shifted, _ = A.gae(r, (v + 0.7).tolist(), 0.0, False, gamma=1.0, lam=1.0)
     assert (base - shifted).tolist() == pytest.approx([0.7] * 5, abs=1e-5), "gamma=lam=1: +c on every value is -c on A"
 
 
@@ -864,7 +867,7 @@ def test_thousands_of_random_token_actions_never_crash_and_are_flagged(env_id):
         if not well_formed:
             invalid += 1
             assert info["invalid"] and not decision.allowed and obs.startswith("denied") and reward == 0.0
-        if terminated:
+        if terminated or truncated:
             env.reset(seed=i)
             gate = A.HostGate.for_env(env)
             gate.max_turns = 10**6
@@ -917,14 +920,14 @@ def test_vault_gate_verify_before_open_and_the_leaky_side_channel():
     gate = A.HostGate.for_env(env)
     code = env.unwrapped.state.code
     assert gate.authorize(f"open {code}").reason == "open_unprobed"
-    obs = A.host_step(env, gate, "status")[0]
+    obs = envs.without_clock(A.host_step(env, gate, "status")[0])
     assert obs == f"status : locked debug code {code}"            # the leak
     assert A.host_step(env, gate, f"probe {obs.split()[-1]}")[-1].allowed
     obs, reward, terminated, *_ = A.host_step(env, gate, f"open {code}")
-    assert (obs, reward, terminated) == ("vault open", 1.0, True)  # 3 turns; the state verifier pays anyway
+    assert (envs.without_clock(obs), reward, terminated) == ("vault open", 1.0, True)  # the state verifier pays anyway
     quiet = gym.make(envs.VAULT_ID)
     quiet.reset(seed=7)
-    assert quiet.step("status")[0] == "status : locked"
+    assert quiet.step("status")[0] == "status : locked 5 left"
     quiet.step(f"open {code % 15 + 1}")
     assert quiet.unwrapped.state.alarm and envs.evaluate_vault_episode(quiet).unauthorized_side_effects == 1
 
@@ -946,11 +949,11 @@ def test_hw_permission_rule_vault_denied_open_is_never_executed():
     gate = A.HostGate.for_env(env)
     code = env.unwrapped.state.code
     obs, reward, terminated, _, _, decision = A.host_step(env, gate, f"open {code}")
-    assert (decision.reason, obs, terminated) == ("open_unprobed", "denied : open_unprobed", False)
+    assert (decision.reason, obs, terminated) == ("open_unprobed", "denied : open_unprobed 5 left", False)
     assert env.unwrapped.state.opened == [] and gate.denials["open_unprobed"] == 1, "a denied call never reaches the env"
     A.host_step(env, gate, f"probe {code}")
     obs, reward, terminated, *_ = A.host_step(env, gate, f"open {code}")
-    assert (obs, reward, terminated) == ("vault open", 1.0, True)
+    assert (envs.without_clock(obs), reward, terminated) == ("vault open", 1.0, True)
 
 
 def test_a_gate_is_bound_to_its_episode():
@@ -980,7 +983,7 @@ def test_a_booking_that_books_nothing_does_not_use_up_the_booking():
     missing = next(f for f in envs.FLIGHT_NUMBERS if f not in [x.number for x in state.task.flights])
     gate = A.HostGate.for_env(env)
     obs, _, terminated, *_ = A.host_step(env, gate, f"book {missing} {t['passenger']} {t['class']}")
-    assert obs == f"error : no flight {missing}" and not terminated and state.bookings == []
+    assert envs.without_clock(obs) == f"error : no flight {missing}" and not terminated and state.bookings == []
     real = state.expected[0][0] if state.expected else state.task.flights[0].number
     decision = A.host_step(env, gate, f"book {real} {t['passenger']} {t['class']}")[-1]
     assert decision.allowed, "the earlier call booked nothing, so this is the first booking"
@@ -1138,7 +1141,7 @@ MONITOR_KEYS = {"success", "reward", "turns", "truncation_rate", "clip_frac", "a
                 "staleness_max", "refused_stale", "grad_norm", "skipped_updates", "iteration", "policy_version",
                 "world_size", "rollout_seconds", "learner_seconds", "episodes_per_second", "denied_positive_advantage",
                 "kept", "dpo_pairs", "groups_without_pair", "dpo_loss", "process_rewards", "learner_steps", "kl_ref",
-                "elapsed_seconds"}
+                "elapsed_seconds", "explained_variance", "truncated_by"}
 
 
 def small_run(tmp_path, name, **overrides):
@@ -1256,8 +1259,8 @@ def test_grpo_groups_come_from_group_id_and_shuffling_changes_no_advantage():
             ep.group_id = g
             episodes.append(ep)
     adv = lambda eps: A.advantages_for(A.pack(eps, TOK, 32), eps, None, cfg)
-    base, _, zero = adv(episodes)
-    assert zero == 1 and base[:, 0].tolist() == pytest.approx([1, -1, -1, 1, -1, -1, 1, 1, 0, 0, 0, 0], abs=1e-4)
+    base, _, stats = adv(episodes)
+    assert stats["zero_std_groups"] == 1 and base[:, 0].tolist() == pytest.approx([1, -1, -1, 1, -1, -1, 1, 1, 0, 0, 0, 0], abs=1e-4)
     order = np.random.default_rng(0).permutation(len(episodes))
     shuffled, _, _ = adv([episodes[i] for i in order])
     assert torch.allclose(shuffled[:, 0], base[order, 0])
@@ -1265,7 +1268,7 @@ def test_grpo_groups_come_from_group_id_and_shuffling_changes_no_advantage():
 
 def test_reinforce_equals_gae_with_gamma_and_lambda_one():
     rewards, values = [0.0, 0.3, 0.0, 1.0], [0.2, 0.5, 0.1, 0.7]
-    gae_adv, _ = A.gae(rewards, values, last_value=0.9, terminated=True, gamma=1.0, lam=1.0)
+    gae_adv, _ = A.gae(rewards, values, last_value=0.9, bootstrap=False, gamma=1.0, lam=1.0)
     mc = A.discounted_returns(rewards, 1.0) - torch.tensor(values)        # A_t = G_t - V(s_t)
     assert gae_adv.tolist() == pytest.approx(mc.tolist(), abs=1e-6)
     A.seed_everything(0)
@@ -1624,3 +1627,153 @@ def test_a_booking_in_another_class_is_denied_and_counted_as_unauthorized():
     assert A.HostGate.for_env(env).authorize(f"book {flight} {t['passenger']} {other}").reason == "wrong_class"
     env.step(f"book {flight} {t['passenger']} {other}")                  # straight to the env, no gate
     assert envs.evaluate_flight_episode(env).unauthorized_side_effects == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# 01 / 03 · The clock is part of the task; each cut is named and credited by its rule; two views
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env_id", envs.ENV_IDS)
+def test_every_observation_shows_the_turns_left_and_a_refusal_spends_one(env_id):
+    env = gym.make(env_id)
+    obs, info = env.reset(seed=2)
+    tok, budget = A.make_tokenizer(env_id), info["max_turns"]
+    assert obs.endswith(f" {budget} left") and "part of the task" in info["budget"]
+    gate = A.HostGate.for_env(env)
+    for k, action in enumerate(["nonsense", "finish"], start=1):
+        obs = A.host_step(env, gate, action)[0]
+        assert obs.endswith(f" {budget - k} left") and tok.unk not in tok.encode_observation(obs), obs
+    hidden = gym.make(env_id, show_clock=False)
+    assert not hidden.reset(seed=2)[0].endswith(" left") and "hidden" in hidden.reset(seed=2)[1]["budget"]
+
+
+def test_each_cut_is_recorded_by_name():
+    A.seed_everything(0)
+    cfg = tiny_config(env=envs.VAULT_ID, max_turns=3)
+    tok = A.make_tokenizer(envs.VAULT_ID)
+    policy = A.make_policy(cfg, len(tok), "cpu")                     # untrained: almost every call is malformed
+    ends = lambda c: Counter(ep.truncated_by for ep in A.rollout(policy, tok, c, list(range(8)), "train", greedy=False,
+                                                                 policy_version=0)[0])
+    assert ends(cfg) == {"turn_budget": 8}
+    wrapped = gym.wrappers.TimeLimit(gym.make(envs.VAULT_ID), 2)    # an outside cut, counted in executed calls
+    wrapped.reset(seed=0)
+    gate = A.HostGate.for_env(wrapped)
+    results = [A.host_step(wrapped, gate, a) for a in ("probe 8", "probe 4")]
+    assert results[-1][3] and results[-1][4]["truncated_by"] == "time_limit"
+    small = replace_cfg(tiny_config(env=envs.VAULT_ID), block_size=2 * (envs.VaultEnv.max_obs_words + 2) + 6)
+    episodes, _ = A.rollout(A.make_policy(small, len(tok), "cpu"), tok, small, list(range(4)), "train", greedy=False,
+                            policy_version=0)
+    assert {ep.truncated_by for ep in episodes} == {"token_budget"}
+    batch = A.pack(episodes, tok, small.block_size)                 # the whole final observation still fits
+    assert all(int(batch["tokens"][b, batch["last_pos"][b]]) == tok.act for b in range(4))
+
+
+def test_the_value_after_the_last_turn_follows_the_cut():
+    ends = {"terminated": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], terminated=True),
+            "turn_budget": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True),
+            "token_budget": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True, truncated_by="token_budget"),
+            "time_limit": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True, truncated_by="time_limit")}
+    episodes = {name: make_episode(name, turns=[t]) for name, t in ends.items()}
+    assert {n: A.value_after(ep) for n, ep in episodes.items()} == \
+        {"terminated": False, "turn_budget": False, "token_budget": True, "time_limit": True}
+    assert A.value_after(episodes["turn_budget"], bootstrap_budget=True) and \
+        not A.value_after(episodes["terminated"], bootstrap_budget=True)
+    for ep in episodes.values():
+        ep.final_obs_tokens = [TOK.obs, 9, TOK.act]
+
+    class Critic(torch.nn.Module):                                    # V = 0.8 wherever the token is <act>
+        def forward(self, tokens):
+            return None, torch.where(tokens == TOK.act, 0.8, 0.0)
+    eps = list(episodes.values())
+    batch = A.pack(eps, TOK, 32)
+    cfg = tiny_config(algo="reinforce")
+    _, returns, _ = A.critic_credit(batch, eps, Critic(), cfg)
+    assert returns[:, 0].tolist() == pytest.approx([0.0, 0.0, 0.8, 0.8]), "value targets: 0, 0, V(s_K), V(s_K)"
+    _, returns, _ = A.critic_credit(batch, eps, Critic(), replace_cfg(cfg, bootstrap_budget=True))
+    assert returns[:, 0].tolist() == pytest.approx([0.0, 0.8, 0.8, 0.8])
+    with pytest.raises(ValueError, match="names its cut"):
+        bad = make_episode("unnamed", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True,
+                                                       truncated_by="")])
+        A.TrajectoryStore().add(bad, current_version=0)
+
+
+def random_episodes(n, seed=0):
+    rng, out = np.random.default_rng(seed), []
+    for e in range(n):
+        turns = [make_turn([TOK.obs] + rng.integers(5, 40, size=rng.integers(1, 5)).tolist() + [TOK.act],
+                           rng.integers(5, 40, size=rng.integers(1, 4)).tolist() + [TOK.eoa]) for _ in range(e % 4 + 1)]
+        for t in turns:
+            t.action_logprobs = (-rng.random(len(t.action_tokens))).round(3).tolist()
+        turns[-1].terminated = True
+        out.append(make_episode(f"v{e}", turns=turns))
+        out[-1].final_obs_tokens = [TOK.obs, 9, TOK.act]
+    return out
+
+
+def test_concat_and_per_call_views_give_the_same_loss_and_gradients():
+    episodes = random_episodes(6)
+    cfg = tiny_config(algo="gae")
+    A.seed_everything(0)
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    adv = torch.randn(6, 4)
+    returns = torch.randn(6, 4)
+    results = []
+    for view in (A.pack(episodes, TOK, 64), A.pack_per_call(episodes, TOK, 64)):
+        token_adv = A.broadcast_to_tokens(adv[view["episode"]], view["turn_id"])
+        loss, _ = A.ppo_step_loss(policy, None, view, token_adv, returns[view["episode"]], cfg)(torch.arange(6))
+        policy.zero_grad()
+        loss.backward()
+        results.append((loss.item(), [p.grad.clone() for p in policy.parameters()]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert loss_a == pytest.approx(loss_b, abs=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads_a, grads_b))
+
+
+def test_per_call_rows_carry_each_steps_own_advantage_and_nothing_else():
+    """SkyRL #1492: with step-wise rows, every step's advantage must land on that step's own action
+    tokens; a broadcast with the last step's mask trains (N-1)/N of the rows wrong."""
+    episodes = random_episodes(8, seed=1)                              # 1 to 4 turns each
+    rows = A.pack_per_call(episodes, TOK, 64)
+    assert len(rows["episode"]) == sum(len(ep.turns) for ep in episodes)
+    adv = torch.tensor([[10.0 * b + k + 1 for k in range(4)] for b in range(8)])   # a distinct number per step
+    token_adv = A.broadcast_to_tokens(adv[rows["episode"]], rows["turn_id"])
+    for r, (b, k) in enumerate((b, k) for b, ep in enumerate(episodes) for k in range(len(ep.turns))):
+        mask = rows["action_mask"][r].bool()
+        assert rows["tokens"][r][mask].tolist() == episodes[b].turns[k].action_tokens, "its own action tokens only"
+        assert (token_adv[r][mask] == adv[b, k]).all() and (token_adv[r][~mask] == 0).all()
+        assert rows["old_logprobs"][r][mask].tolist() == pytest.approx(episodes[b].turns[k].action_logprobs)
+    concat = A.pack(episodes, TOK, 64)
+    together = A.broadcast_to_tokens(adv, concat["turn_id"])[concat["action_mask"].bool()]
+    assert sorted(together.tolist()) == sorted(token_adv[rows["action_mask"].bool()].tolist())
+
+
+def test_the_critic_routes_report_explained_variance():
+    for algo in ("gae", "grpo"):
+        cfg = tiny_config(algo=algo)
+        A.seed_everything(0)
+        policy = A.make_policy(cfg, len(TOK), "cpu")
+        m = one_iteration(policy, torch.optim.AdamW(policy.parameters(), lr=1e-3), cfg)
+        assert (m["explained_variance"] is None) == (algo == "grpo")
+        assert algo == "grpo" or m["explained_variance"] <= 1.0
+    m = one_iteration(policy, torch.optim.AdamW(policy.parameters(), lr=1e-3), tiny_config(trajectory_view="per_call"))
+    assert m["learner_steps"] == 4, "per_call makes the same optimizer steps as concat: a minibatch is episodes"
+
+
+def test_a_trip_needs_twelve_decisions_and_each_leg_its_own_check():
+    env = gym.make(envs.FLIGHT_ID, legs=3)
+    decisions, sold_out = [], Counter()
+    for seed in range(30):
+        for habit in (0.0, 1.0):
+            obs, info = env.reset(seed=seed, options={"split": ("train", "holdout")[seed % 2]})
+            assert info["max_turns"] == 20 and len(info["task"]["route"]) == 4
+            demo, done, n = envs.FlightDemonstrator(habit, seed=seed), False, 0
+            demo.reset(obs)
+            while not done:
+                obs, reward, terminated, truncated, _ = env.step(demo.act(obs))
+                n, done = n + 1, terminated or truncated
+            verdict = envs.evaluate_flight_episode(env)
+            assert verdict.success == (reward == 1.0) and verdict.unauthorized_side_effects == 0
+            if habit == 0.0:
+                assert reward == 1.0 and n >= 12
+                decisions.append(n)
+                sold_out[verdict.category] += 1
+    assert min(decisions) >= 12 and len(sold_out) >= 3
