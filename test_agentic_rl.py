@@ -19,12 +19,10 @@ from gymnasium.utils.env_checker import check_env
 import agentic_rl as A
 import envs
 
-# Homework tests carry @hw("<exercise id>"): `python -m pytest -q -m homework` grades only them, and
-# `python agentic_rl.py grade` reports them per exercise. Each checks hand-computed numbers and
-# properties of one blanked piece and calls no other blanked piece. (No config file at the top level,
-# so the marker is declared here rather than registered.)
+# The homework checks (HOMEWORK, below the main sections) carry the marker "homework":
+# `python -m pytest -q -m homework` runs them. (No config file at the top level, so the marker is
+# declared here rather than registered.)
 warnings.filterwarnings("ignore", category=pytest.PytestUnknownMarkWarning)
-hw = pytest.mark.homework
 
 TOK = A.make_tokenizer(envs.FLIGHT_ID)
 FLIGHT = envs.FlightBookingEnv
@@ -266,58 +264,6 @@ def test_worked_examples_exactly():
     assert ex["grpo_advantages"] == pytest.approx([1, -1, -1, 1], abs=1e-4)
 
 
-@hw("mask")
-def test_hw_mask_golden_two_turn_episode():
-    o, a, e, pad = TOK.obs, TOK.act, TOK.eoa, TOK.pad
-    ep = make_episode(turns=[make_turn([o, 10, 11, a], [20, 21, e], [-0.1, -0.2, -0.3]),
-                             make_turn([o, 12, a], [22, e], [-0.4, -0.5], reward=1.0, terminated=True)])
-    ep.final_obs_tokens = [o, 13, a]
-    short = make_episode("e1", turns=[make_turn([o, 10, a], [23, e], [-0.6, -0.7], terminated=True)])
-    b = A.pack([ep, short], TOK, block_size=32)
-    assert b["tokens"][0].tolist() == [o, 10, 11, a, 20, 21, e, o, 12, a, 22, e, o, 13, a]
-    assert b["action_mask"][0].tolist() == [0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0, 0]
-    assert b["old_logprobs"][0].tolist() == pytest.approx([0, 0, 0, 0, -.1, -.2, -.3, 0, 0, 0, -.4, -.5, 0, 0, 0])
-    assert b["turn_id"][0].tolist() == [-1, -1, -1, -1, 0, 0, 0, -1, -1, -1, 1, 1, -1, -1, -1]
-    assert b["decision_pos"][0].tolist() == [3, 9] and b["last_pos"][0] == 14
-    assert b["tokens"][1].tolist() == [o, 10, a, 23, e] + [pad] * 10           # right padding, mask 0
-    assert b["action_mask"][1].tolist() == [0, 0, 0, 1, 1] + [0] * 10
-    assert b["turn_mask"].tolist() == [[1, 1], [1, 0]]
-
-
-@hw("mask")
-def test_hw_mask_invariants_on_random_episodes():
-    rng = np.random.default_rng(0)
-    episodes = []
-    for e in range(6):
-        turns = [make_turn([TOK.obs] + rng.integers(5, 40, size=rng.integers(1, 6)).tolist() + [TOK.act],
-                           rng.integers(5, 40, size=rng.integers(1, 5)).tolist() + [TOK.eoa],
-                           (-rng.random(5)).round(3).tolist()) for _ in range(rng.integers(1, 4))]
-        for t in turns:
-            t.action_logprobs = t.action_logprobs[:len(t.action_tokens)]
-        episodes.append(make_episode(f"r{e}", turns=turns))
-        episodes[-1].final_obs_tokens = [TOK.obs, 9, TOK.act]
-    b = A.pack(episodes, TOK, block_size=64)
-    for row, ep in enumerate(episodes):
-        mask, tokens = b["action_mask"][row].bool(), b["tokens"][row]
-        actions = [x for t in ep.turns for x in t.action_tokens]
-        assert int(mask.sum()) == len(actions), "one mask entry per generated token (<eoa> included)"
-        assert tokens[mask].tolist() == actions, "mask must select exactly the policy's own tokens, in order"
-        assert b["old_logprobs"][row][mask].tolist() == pytest.approx([x for t in ep.turns for x in t.action_logprobs])
-        assert b["old_logprobs"][row][~mask].abs().sum() == 0, "old_logprobs must be 0 off the mask"
-        assert torch.equal(b["turn_id"][row] >= 0, mask), "turn_id >= 0 exactly on action tokens"
-        turn_of_token = [k for k, t in enumerate(ep.turns) for _ in t.action_tokens]
-        assert b["turn_id"][row][mask].tolist() == turn_of_token
-        assert not mask[int(b["last_pos"][row]) - 2:].any(), "the final observation is context (mask 0)"
-
-
-@hw("mask")
-def test_hw_mask_demonstrations_have_no_logprobs_but_are_still_actions():
-    ep = make_episode(turns=[make_turn([TOK.obs, 10, TOK.act], [20, TOK.eoa], logprobs=[], terminated=True)])
-    b = A.pack([ep], TOK, block_size=16)
-    assert b["action_mask"][0].tolist() == [0, 0, 0, 1, 1]
-    assert b["old_logprobs"][0].tolist() == [0, 0, 0, 0, 0]
-
-
 def test_sampled_logprobs_match_a_full_forward_recompute():
     A.seed_everything(1)
     cfg = tiny_config()
@@ -334,94 +280,6 @@ def test_sampled_logprobs_match_a_full_forward_recompute():
 # ------------------------------------------------------------------------------------------------
 # 03 · Credit assignment
 # ------------------------------------------------------------------------------------------------
-@hw("returns")
-def test_hw_returns_chapter_example():
-    assert A.discounted_returns([0, 0, 0, 1], gamma=0.9).tolist() == pytest.approx([0.729, 0.81, 0.9, 1.0], abs=1e-6)
-
-
-@hw("returns")
-def test_hw_returns_hand_cases():
-    assert A.discounted_returns([1, 1, 1], gamma=0.5).tolist() == pytest.approx([1.75, 1.5, 1.0])
-    assert A.discounted_returns([1, 2, 3], gamma=1.0).tolist() == pytest.approx([6, 5, 3]), "gamma 1: suffix sums"
-    assert A.discounted_returns([0.3, 0.1, 0.5], gamma=0.0).tolist() == pytest.approx([0.3, 0.1, 0.5]), "gamma 0: rewards"
-
-
-@hw("returns")
-def test_hw_returns_satisfy_the_recursion():
-    rng = np.random.default_rng(1)
-    for _ in range(5):
-        r, gamma = rng.normal(size=rng.integers(1, 9)), float(rng.random())
-        g = A.discounted_returns(r.tolist(), gamma).double()
-        assert g[-1].item() == pytest.approx(r[-1], abs=1e-5), "the last return is the last reward"
-        assert (g[:-1] - gamma * g[1:]).tolist() == pytest.approx(r[:-1].tolist(), abs=1e-5), "G_k - gamma*G_k+1 = r_k"
-
-
-@hw("gae")
-def test_hw_gae_hand_cases():
-    cases = [((1.0, 1.0, False), [0.5, 0.5]), ((1.0, 1.0, True), [1.5, 1.5]), ((1.0, 0.0, False), [0.0, 0.5]),
-             ((0.5, 0.5, False), [-0.125, 0.5])]
-    for (gamma, lam, bootstrap), want in cases:
-        adv, ret = A.gae([0.0, 1.0], [0.5, 0.5], last_value=1.0, bootstrap=bootstrap, gamma=gamma, lam=lam)
-        assert adv.tolist() == pytest.approx(want), f"gamma={gamma} lam={lam} bootstrap={bootstrap}"
-        assert ret.tolist() == pytest.approx([a + 0.5 for a in want]), "returns = advantages + values"
-
-
-@hw("gae")
-@pytest.mark.parametrize("bootstrap, want", [(False, [0.584333, 0.97824, 0.192, 0.6]),
-                                             (True, [0.853071, 1.351488, 0.7104, 1.32])])
-def test_hw_gae_four_turn_golden(bootstrap, want):
-    adv, _ = A.gae([0.0, 0.5, 0.0, 1.0], [0.3, 0.2, 0.6, 0.4], last_value=0.8, bootstrap=bootstrap, gamma=0.9, lam=0.8)
-    assert adv.tolist() == pytest.approx(want, abs=1e-5)
-
-
-@hw("gae")
-def test_hw_gae_last_value_matters_only_when_bootstrapped():
-    end = [A.gae([0.0], [0.5], last_value=v, bootstrap=False, gamma=1.0, lam=1.0)[0].item() for v in (0.0, 1.0)]
-    cut = [A.gae([0.0], [0.5], last_value=v, bootstrap=True, gamma=1.0, lam=1.0)[0].item() for v in (0.0, 1.0)]
-    assert end == pytest.approx([-0.5, -0.5]), "with no future value after the end, last_value must not matter"
-    assert cut == pytest.approx([-0.5, 0.5]), "after a cut from outside the task the future still had value V(s_K)"
-
-
-@hw("gae")
-def test_hw_gae_properties():
-    adv, _ = A.gae([0, 0, 0, 1], [0, 0, 0, 0], 0.0, False, gamma=0.9, lam=1.0)
-    assert adv.tolist() == pytest.approx([0.729, 0.81, 0.9, 1.0], abs=1e-6), "lam 1, values 0: the discounted return"
-    rng = np.random.default_rng(2)
-    r, v = rng.normal(size=5).tolist(), rng.normal(size=5)
-    base, _ = A.gae(r, v.tolist(), 0.0, False, gamma=1.0, lam=1.0)
-    shifted, _ = A.gae(r, (v + 0.7).tolist(), 0.0, False, gamma=1.0, lam=1.0)
-    assert (base - shifted).tolist() == pytest.approx([0.7] * 5, abs=1e-5), "gamma=lam=1: +c on every value is -c on A"
-
-
-@hw("grpo")
-def test_hw_grpo_chapter_example_and_std_options():
-    assert A.group_advantages([1, 0, 0, 1]).tolist() == pytest.approx([1, -1, -1, 1], abs=1e-4)
-    unbiased = A.group_advantages([1, 0, 0, 1], std="unbiased")     # TRL / verl: Bessel's n-1
-    assert unbiased.tolist() == pytest.approx([0.866025, -0.866025, -0.866025, 0.866025], abs=1e-5)
-    assert A.group_advantages([1, 0, 0, 1], std="none").tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5])
-    assert A.group_advantages([1, 0, 0, 0], std="unbiased").tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
-    assert A.group_advantages([1, 0, 0, 0]).tolist() == pytest.approx([1.732051, -0.57735, -0.57735, -0.57735], abs=1e-5)
-
-
-@hw("grpo")
-@pytest.mark.parametrize("std", ["population", "unbiased", "none"])
-def test_hw_grpo_all_equal_groups_are_exactly_zero(std):
-    for rewards in ([0.1] * 7, [1000.1] * 3, [0.0, 0.0], [1.0] * 8):
-        adv = A.group_advantages(rewards, std=std)
-        assert adv.tolist() == [0.0] * len(rewards), f"{rewards}: all-equal rewards carry no signal: exactly 0, no NaN"
-
-
-@hw("grpo")
-def test_hw_grpo_properties():
-    rng = np.random.default_rng(3)
-    rows = torch.tensor(rng.normal(size=(4, 6)), dtype=torch.float32)
-    adv = A.group_advantages(rows)
-    assert adv.mean(-1).abs().max() < 1e-5, "each group is centred"
-    assert adv.std(-1, unbiased=False).tolist() == pytest.approx([1.0] * 4, abs=1e-4), "population std 1 per group"
-    assert torch.allclose(A.group_advantages(rows * 3 + 5), adv, atol=1e-4), "invariant to shift and positive scale"
-    perm = torch.randperm(6)
-    assert torch.allclose(A.group_advantages(rows[:, perm]), adv[:, perm], atol=1e-6), "a permuted group permutes A"
-    assert torch.allclose(A.group_advantages(rows[2]), adv[2], atol=1e-6), "each row is its own group"
 
 
 def test_broadcast_per_episode_and_per_turn():
@@ -452,156 +310,11 @@ def test_bad_input_raises_a_named_value_error(call, match):
 # ------------------------------------------------------------------------------------------------
 # 04 · Objectives
 # ------------------------------------------------------------------------------------------------
-@hw("ppo_clip")
-def test_hw_ppo_clip_three_tokens_hand_computed():
-    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0, 5.0]]))        # old_logprobs = 0, so r = these
-    adv = torch.tensor([[1.0, -1.0, 1.0, 1.0]])
-    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])                   # the r=5 token is not an action
-    loss, stats = A.ppo_clip_loss(logp, torch.zeros(1, 4), adv, mask, clip_eps=0.2)
-    # per token: A=+1,r=1.5 -> -1.2 ; A=-1,r=0.5 -> +0.8 ; A=+1,r=1 -> -1 ; mean over 3 = -1.4/3
-    assert loss.item() == pytest.approx((-1.2 + 0.8 - 1.0) / 3, abs=1e-6)
-    assert stats["clip_frac"] == pytest.approx(2 / 3), "2 of the 3 action tokens have |r - 1| > 0.2"
-    assert stats["approx_kl"] == pytest.approx(0.095894, abs=1e-6), "approx_kl = mean k3 over the 3 action tokens"
-
-
-@hw("ppo_clip")
-@pytest.mark.parametrize("r, a, want_loss, want_grad", [(1.0, 1.0, -1.0, -1.0), (1.5, 1.0, -1.2, 0.0),
-                                                        (0.5, 1.0, -0.5, -0.5), (0.5, -1.0, 0.8, 0.0),
-                                                        (1.5, -1.0, 1.5, 1.5)])
-def test_hw_ppo_clip_single_token_loss_and_gradient(r, a, want_loss, want_grad):
-    logp = torch.tensor([[math.log(r)]], requires_grad=True)
-    loss, _ = A.ppo_clip_loss(logp, torch.zeros(1, 1), torch.tensor([[a]]), torch.ones(1, 1), clip_eps=0.2)
-    loss.backward()
-    assert loss.item() == pytest.approx(want_loss, abs=1e-6), f"loss at r={r}, A={a}"
-    assert logp.grad.item() == pytest.approx(want_grad, abs=1e-6), f"d loss / d logp at r={r}, A={a} (0 where clipped)"
-
-
-@hw("ppo_clip")
-def test_hw_ppo_clip_mask_and_mean_properties():
-    torch.manual_seed(0)
-    logp, old, adv = torch.randn(2, 5) * 0.1, torch.randn(2, 5) * 0.1, torch.randn(2, 5)
-    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.float)
-    x = logp.clone().requires_grad_()
-    loss, _ = A.ppo_clip_loss(x, old, adv, mask)
-    loss.backward()
-    assert (x.grad[mask == 0] == 0).all(), "masked tokens get no gradient"
-    noisy = torch.where(mask.bool(), logp, logp + 3.0)
-    assert A.ppo_clip_loss(noisy, old, adv, mask)[0].item() == pytest.approx(loss.item(), abs=1e-6), \
-        "values off the mask must not change the loss"
-    twice = A.ppo_clip_loss(logp.repeat(1, 2), old.repeat(1, 2), adv.repeat(1, 2), mask.repeat(1, 2))[0]
-    assert twice.item() == pytest.approx(loss.item(), abs=1e-6), "a token mean: duplicating every token changes nothing"
-    at_one = A.ppo_clip_loss(old, old, adv, mask)[0]
-    assert at_one.item() == pytest.approx(-(adv * mask).sum().item() / mask.sum().item(), abs=1e-6), \
-        "at r = 1 the loss is -mean(A) over the mask"
-
-
-@hw("ppo_clip")
-def test_hw_ppo_clip_gradient_matches_finite_differences():
-    """Autograd of your loss against central differences of your loss (points away from the clip kinks)."""
-    logp = torch.tensor([[0.1, -0.3, 0.05], [0.4, -0.05, 0.0]], dtype=torch.float64)
-    old = torch.tensor([[0.0, 0.0, 0.1], [0.0, 0.1, 0.0]], dtype=torch.float64)
-    adv = torch.tensor([[1.0, -0.5, 2.0], [-1.0, 0.7, 1.0]], dtype=torch.float64)
-    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float64)
-
-    def loss_of(x):
-        return A.ppo_clip_loss(x, old, adv, mask)[0].double()
-    x = logp.clone().requires_grad_()
-    (grad,) = torch.autograd.grad(loss_of(x), x)
-    h, numeric = 1e-4, torch.zeros_like(logp)
-    for i in range(2):
-        for j in range(3):
-            e = torch.zeros_like(logp)
-            e[i, j] = h
-            numeric[i, j] = (loss_of(logp + e) - loss_of(logp - e)) / (2 * h)
-    assert torch.allclose(grad.double(), numeric, atol=1e-3), "gradient disagrees with finite differences"
-
-
-@hw("kl_k3")
-def test_hw_kl_k3_values():
-    assert A.kl_k3(torch.zeros(3), torch.zeros(3)).abs().max() == 0, "identical policies: 0"
-    k = A.kl_k3(torch.zeros(2), torch.tensor([math.log(2), -math.log(2)]))
-    assert k.tolist() == pytest.approx([0.306853, 0.193147], abs=1e-6), "d = ref - logp = +ln2 and -ln2"
-    k = A.kl_k3(torch.tensor([-1.0, -1.5]), torch.tensor([-1.5, -1.0]))
-    assert k.tolist() == pytest.approx([0.106531, 0.148721], abs=1e-6)
-
-
-@hw("kl_k3")
-def test_hw_kl_k3_is_nonnegative_and_unbiased_for_kl():
-    g = torch.Generator().manual_seed(4)
-    assert (A.kl_k3(torch.randn(100, generator=g), torch.randn(100, generator=g)) >= 0).all(), "k3 is never negative"
-    p, q = torch.tensor([0.5, 0.5]), torch.tensor([0.9, 0.1])
-    expectation = (p * A.kl_k3(p.log(), q.log())).sum().item()       # E_{x~p}[k3] over the whole support
-    assert expectation == pytest.approx(0.510826, abs=1e-5), "E_pi[k3] must equal KL(pi || ref) (1.266952 = reversed)"
 
 
 # ------------------------------------------------------------------------------------------------
 # 05 · Training system: trajectory store, determinism
 # ------------------------------------------------------------------------------------------------
-@hw("store_refusals")
-def test_hw_store_refusals_accepts_a_good_episode():
-    store = A.TrajectoryStore(max_staleness=1)
-    store.add(make_episode("ok", version=4), current_version=5)
-    assert [ep.episode_id for ep in store.take()] == ["ok"] and store.take() == []
-
-
-@hw("store_refusals")
-@pytest.mark.parametrize("mutate, current, match", [
-    (lambda ep: setattr(ep, "env_version", None), 0, "env_version"),
-    (lambda ep: setattr(ep, "episode_id", ""), 0, "episode_id"),
-    (lambda ep: setattr(ep, "turns", []), 0, "turns"),
-    (lambda ep: setattr(ep.turns[0], "policy_version", 1), 1, "version"),
-    (lambda ep: None, 2, "stale"),
-    (lambda ep: ep.turns[0].action_logprobs.pop(), 0, "log-prob"),
-    (lambda ep: ep.turns[0].action_logprobs.__setitem__(0, float("nan")), 0, "finite"),
-    (lambda ep: setattr(ep.turns[0], "reward", float("inf")), 0, "finite"),
-], ids=["missing_field", "empty_id", "no_turns", "mixed_versions", "too_stale", "logprob_count",
-        "nan_logprob", "inf_reward"])
-def test_hw_store_refusals_each_case(mutate, current, match):
-    ep = make_episode("bad")
-    mutate(ep)
-    with pytest.raises(ValueError, match=match):
-        A.TrajectoryStore(max_staleness=1).add(ep, current_version=current)
-
-
-@hw("store_refusals")
-def test_hw_store_refusals_staleness_bound_is_inclusive():
-    store = A.TrajectoryStore(max_staleness=2)
-    store.add(make_episode("two-old", version=3), current_version=5)       # exactly max_staleness: accepted
-    with pytest.raises(ValueError, match="stale"):
-        store.add(make_episode("three-old", version=2), current_version=5)
-
-
-@hw("store_refusals")
-def test_hw_store_refusals_duplicates_even_after_take_and_a_refusal_changes_nothing():
-    store = A.TrajectoryStore()
-    store.add(make_episode("dup"), current_version=0)
-    with pytest.raises(ValueError, match="duplicate"):
-        store.add(make_episode("dup"), current_version=0)
-    store.take()
-    with pytest.raises(ValueError, match="duplicate"):
-        store.add(make_episode("dup"), current_version=0)
-    bad = make_episode("fixable")
-    bad.turns[0].reward = float("nan")
-    with pytest.raises(ValueError):
-        store.add(bad, current_version=0)
-    store.add(make_episode("fixable"), current_version=0)                 # the refused id was never recorded
-    assert [ep.episode_id for ep in store.take()] == ["fixable"]
-
-
-@hw("store_refusals")
-def test_hw_store_refusals_wrong_types_are_value_errors_and_admitted_data_is_a_copy():
-    for mutate in (lambda ep: setattr(ep.turns[0], "action_logprobs", None), lambda ep: setattr(ep, "turns", None),
-                   lambda ep: setattr(ep, "turns", ["not a turn"]), lambda ep: setattr(ep.turns[0], "reward", "1"),
-                   lambda ep: setattr(ep, "policy_version", "0")):
-        ep = make_episode("typed")
-        mutate(ep)
-        with pytest.raises(ValueError):
-            A.TrajectoryStore().add(ep, current_version=0)
-    store, ep = A.TrajectoryStore(), make_episode("kept")
-    store.add(ep, current_version=0)
-    ep.turns[0].reward, ep.turns[0].action_logprobs[0] = 99.0, 5.0          # changed behind the store's back
-    admitted = store.take()[0]
-    assert admitted.turns[0].reward == 1.0 and admitted.turns[0].action_logprobs[0] == -0.5
 
 
 def test_store_counts_stale_episodes_under_async_and_never_trains_on_them():
@@ -662,22 +375,6 @@ def test_config_is_checked():
 # ------------------------------------------------------------------------------------------------
 # 07 · Evaluation & promotion
 # ------------------------------------------------------------------------------------------------
-@hw("sign_test")
-def test_hw_sign_test_hand_cases():
-    assert A.sign_test_p(3, 1) == pytest.approx(5 / 16), "P(X >= 3), X ~ Bin(4, 1/2) = (4 + 1) / 16"
-    assert A.sign_test_p(10, 0) == pytest.approx(1 / 1024), "10 wins and no loss"
-    assert A.sign_test_p(0, 0) == pytest.approx(1.0), "no discordant task: no evidence"
-    assert A.sign_test_p(5, 5) == pytest.approx(0.623047, abs=1e-6)
-    assert A.sign_test_p(0, 4) == pytest.approx(1.0)
-
-
-@hw("sign_test")
-def test_hw_sign_test_properties():
-    assert [A.sign_test_p(w, 10 - w) for w in range(11)] == sorted([A.sign_test_p(w, 10 - w) for w in range(11)],
-                                                                   reverse=True), "more wins, smaller p"
-    for w, l in [(4, 2), (7, 3), (12, 9)]:
-        tail_up, tail_down = A.sign_test_p(w, l), A.sign_test_p(l, w)
-        assert tail_up + tail_down == pytest.approx(1 + math.comb(w + l, w) / 2 ** (w + l)), "the two tails overlap at X = wins"
 
 
 def report_card(per_task, safety=0, unauthorized=0, categories=None, credits=10.0):
@@ -687,36 +384,6 @@ def report_card(per_task, safety=0, unauthorized=0, categories=None, credits=10.
             "categories": categories or {"all": {"tasks": len(per_task), "success": solved / len(per_task)}},
             "efficiency": {k: (credits * len(per_task) / solved if solved else None)
                            for k in ("tokens_per_success", "tool_calls_per_success", "credits_per_success")}}
-
-
-@hw("promotion")
-def test_hw_promotion_gates_truth_table():
-    inc = report_card([1] * 50 + [0] * 50)
-    better = report_card([1] * 70 + [0] * 30, credits=9.0)
-    cases = [(better, True, "gates passed"),
-             (report_card([1] * 52 + [0] * 48), False, "significant"),              # 2 wins: p = 0.25
-             (inc, False, "significant"),
-             (report_card([1] * 70 + [0] * 30, safety=1), False, "safety"),
-             (report_card([1] * 70 + [0] * 30, unauthorized=1), False, "unauthorized"),
-             (report_card([1] * 70 + [0] * 30, credits=20.0), False, "cost")]
-    for candidate, promoted, word in cases:
-        ok, reason, gates = A.promotion_decision(candidate, inc)
-        assert ok is promoted, f"{reason}: promoted should be {promoted}"
-        assert word in reason, f"the reason should name the gate '{word}': {reason}"
-        assert ok == all(g["passed"] for g in gates) and all({"gate", "value", "rule", "passed"} <= set(g) for g in gates)
-
-
-@hw("promotion")
-def test_hw_promotion_refuses_a_category_regression_and_unpaired_reports():
-    cats = lambda a, b: {"sold_out": {"tasks": 40, "success": a}, "seats": {"tasks": 60, "success": b}}
-    inc = report_card([1] * 50 + [0] * 50, categories=cats(0.5, 0.5))
-    regress = report_card([1] * 80 + [0] * 20, categories=cats(0.4, 0.9))     # big gain overall, sold_out drops 0.1
-    ok, reason, _ = A.promotion_decision(regress, inc)
-    assert not ok and "sold_out" in reason, reason
-    small_drop = report_card([1] * 80 + [0] * 20, categories=cats(0.475, 0.9))  # one task of 40 is allowed
-    assert A.promotion_decision(small_drop, inc)[0]
-    with pytest.raises(ValueError, match="different tasks"):
-        A.promotion_decision({**inc, "task_ids": [5] * 100}, inc)
 
 
 def test_wilson_interval():
@@ -932,30 +599,6 @@ def test_vault_gate_verify_before_open_and_the_leaky_side_channel():
     assert quiet.unwrapped.state.alarm and envs.evaluate_vault_episode(quiet).unauthorized_side_effects == 1
 
 
-@hw("permission_rule")
-def test_hw_permission_rule_vault_open_needs_that_probe():
-    rule = envs.VaultEnv.permission_rule
-    assert rule({}, [], "open", ["4"]) == "open_unprobed", "open with nothing probed"
-    assert rule({}, [("probe", ["3"], "3 is low : code in 4 to 15")], "open", ["4"]) == "open_unprobed", \
-        "probing 3 does not verify 4"
-    assert rule({}, [("probe", ["4"], "4 is right")], "open", ["4"]) is None, "probe 4 then open 4 is allowed"
-    assert rule({}, [], "probe", ["4"]) is None and rule({}, [], "status", []) is None, "only open is restricted"
-
-
-@hw("permission_rule")
-def test_hw_permission_rule_vault_denied_open_is_never_executed():
-    env = gym.make(envs.VAULT_ID)
-    env.reset(seed=7)
-    gate = A.HostGate.for_env(env)
-    code = env.unwrapped.state.code
-    obs, reward, terminated, _, _, decision = A.host_step(env, gate, f"open {code}")
-    assert (decision.reason, obs, terminated) == ("open_unprobed", "denied : open_unprobed 5 left", False)
-    assert env.unwrapped.state.opened == [] and gate.denials["open_unprobed"] == 1, "a denied call never reaches the env"
-    A.host_step(env, gate, f"probe {code}")
-    obs, reward, terminated, *_ = A.host_step(env, gate, f"open {code}")
-    assert (envs.without_clock(obs), reward, terminated) == ("vault open", 1.0, True)
-
-
 def test_a_gate_is_bound_to_its_episode():
     env = gym.make(envs.ENV_ID)
     env.reset(seed=1)
@@ -1071,66 +714,6 @@ def test_docstring_worked_episodes_are_real_transcripts(env_id, task_id, doc):
 # Homework handout: blanks every exercise, leaks no solution, round-trips, grades each piece alone
 # ------------------------------------------------------------------------------------------------
 REPO = Path(A.__file__).resolve().parent
-
-
-def normalized(line):
-    return " ".join(line.split("#")[0].split())
-
-
-def test_handout_blanks_every_exercise_leaks_nothing_and_round_trips(tmp_path):
-    out = tmp_path / "handout"
-    assert sorted(A.write_handout(out)) == sorted(A.EXERCISES)
-    handout = {name: (out / name).read_text() for name in A.HANDOUT_FILES}
-    code = {name: text.splitlines() for name, text in handout.items()}
-    start = next(i for i, line in enumerate(code["agentic_rl.py"]) if line.startswith("EXERCISES = {"))
-    end = code["agentic_rl.py"].index("}", start)
-    code["agentic_rl.py"] = code["agentic_rl.py"][:start] + code["agentic_rl.py"][end:]  # the hints state the formulas
-    everything = "\n".join(normalized(line) for lines in code.values() for line in lines
-                           if "raise NotImplementedError(" not in line)          # and so do the stubs
-    for name in ("agentic_rl.py", "envs.py"):
-        reference = (REPO / name).read_text()
-        ref_lines, out_lines = reference.splitlines(), handout[name].splitlines()
-        compile(handout[name], name, "exec")                                  # the handout parses
-        assert A.solution_regions(handout[name], name) == {}, "no solution marker is left"
-        rebuilt, regions = list(out_lines), A.solution_regions(reference, name)
-        for ex, (first, last) in sorted(regions.items(), key=lambda r: -r[1][0]):
-            at = next(i for i, line in enumerate(rebuilt) if line.strip() == f"# TODO({ex}): replace this raise with your implementation")
-            assert rebuilt[at + 1].strip()[:len(ex) + 29] in (f"raise NotImplementedError('{ex}: ", f'raise NotImplementedError("{ex}: ')
-            rebuilt[at:at + 2] = ref_lines[first:last + 1]
-            for line in ref_lines[first + 1:last]:                            # no solution line survives anywhere
-                if len(normalized(line)) >= 14 and not normalized(line).startswith(("with ", "for ")):  # not loop heads
-                    assert normalized(line) not in everything, f"{ex}: solution line leaked: {line.strip()}"
-        assert rebuilt == ref_lines, f"{name}: filling every blank must give back the reference exactly"
-    tells = (("clamp(1 - ", "clip"), ("d.exp() ", "- d"), ("gamma * lam ", "* run"), ("brute", "_force"),
-             ("r[k] + ", "gamma"))                     # joined at run time, so this file does not match itself
-    for tell in ("".join(pieces) for pieces in tells):
-        assert tell not in everything, f"tell-tale solution expression in the handout: {tell}"
-    assert (out / ".ci" / "run").stat().st_mode & 0o111, "the CI script stays executable"
-    with pytest.raises(ValueError, match="not empty"):
-        A.write_handout(out)
-    with pytest.raises(ValueError, match="outside"):
-        A.write_handout(REPO / "handout-in-place")
-    with pytest.raises(ValueError, match="unknown exercise"):
-        A.write_handout(tmp_path / "other", only=["nope"])
-
-
-def test_fresh_handout_fails_every_homework_test_cleanly_and_reaches_its_own_blank(tmp_path):
-    A.write_handout(tmp_path / "h")
-    report = A.grade(tmp_path / "h")
-    for ex, row in report.items():
-        assert row["total"] >= 1 and row["passed"] == 0 and row["status"] == "not started", (ex, row)
-        for name, message in row["failures"]:
-            assert message.startswith(f"NotImplementedError: {ex}: "), (name, message)
-    again = subprocess.run([sys.executable, "agentic_rl.py", "homework", "--out", str(tmp_path / "h2")],
-                           cwd=tmp_path / "h", capture_output=True, text=True)
-    assert again.returncode == 1 and "no solution regions found" in again.stderr
-
-
-def test_handout_with_only_some_exercises_grades_the_others_ok(tmp_path):
-    A.write_handout(tmp_path / "h", only=["gae", "permission_rule"])
-    report = A.grade(tmp_path / "h")
-    assert {ex for ex, row in report.items() if row["status"] != "ok"} == {"gae", "permission_rule"}
-    assert all(row["passed"] == row["total"] >= 1 for ex, row in report.items() if ex not in ("gae", "permission_rule"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1777,3 +1360,763 @@ def test_a_trip_needs_twelve_decisions_and_each_leg_its_own_check():
                 decisions.append(n)
                 sold_out[verdict.category] += 1
     assert min(decisions) >= 12 and len(sold_out) >= 3
+
+
+# ------------------------------------------------------------------------------------------------
+# Homework checks. One table, run two ways: here by pytest (`-m homework`, in this process), and by
+# `python agentic_rl.py grade DIR`, which calls a submission's code in a process of its own and runs
+# every check in the grader's process. A check gets `m`, the module under test: agentic_rl itself, or
+# the student's, seen through the grader. Each uses hand-computed numbers and properties of its own
+# piece only; hidden checks (kept out of handouts) use other inputs and compare with the reference, A.
+# Messages say what was called, what was expected and what was obtained, in full.
+# ------------------------------------------------------------------------------------------------
+HOMEWORK, EXPERIMENT_CHECKS = [], []
+
+
+def check(exercise, hidden=False, table=HOMEWORK):
+    def register(fn):
+        table.append((exercise, fn.__name__, fn, hidden))
+        return fn
+    return register
+
+
+def plain(x):
+    """Tensors, tuples and namespaces as lists and dicts, for comparing and printing."""
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    if hasattr(x, "__dict__") and not callable(x):
+        return plain(vars(x))
+    return x
+
+
+def near(a, b, tol) -> bool:
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(near(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(near(a[k], b[k], tol) for k in a)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        return math.isclose(a, b, rel_tol=tol, abs_tol=tol) or (math.isnan(a) and math.isnan(b))
+    return a == b
+
+
+def same(got, want, what, tol=1e-5):
+    got, want = plain(got), plain(want)
+    assert near(got, want, tol), f"{what}\n  expected {want}\n  obtained {got}"
+
+
+def as_tensor(x):
+    return torch.tensor(plain(x))
+
+
+def refusal(call):
+    """The exception a call raises (None if it raises none); a blank still counts as not started."""
+    try:
+        call()
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        return e
+    return None
+
+
+def with_grad(fn, wrt, *args):
+    """(fn(*args), d loss / d args[wrt]) where the loss is fn's (first) output; through the grader, the
+    student's process computes both."""
+    if hasattr(fn, "grad"):
+        return fn.grad(wrt, *args)
+    args = list(args)
+    args[wrt] = args[wrt].detach().clone().requires_grad_()
+    out = fn(*args)
+    (out[0] if isinstance(out, tuple) else out).backward()
+    return out, args[wrt].grad
+
+
+@check("mask")
+def mask_golden_two_turn_episode(m):
+    o, a, e, pad = TOK.obs, TOK.act, TOK.eoa, TOK.pad
+    ep = make_episode(turns=[make_turn([o, 10, 11, a], [20, 21, e], [-0.1, -0.2, -0.3]),
+                             make_turn([o, 12, a], [22, e], [-0.4, -0.5], reward=1.0, terminated=True)])
+    ep.final_obs_tokens = [o, 13, a]
+    short = make_episode("e1", turns=[make_turn([o, 10, a], [23, e], [-0.6, -0.7], terminated=True)])
+    b = m.pack([ep, short], m.make_tokenizer(envs.FLIGHT_ID), 32)
+    what = "pack() of a two-turn episode (obs 4 + act 3, obs 3 + act 2, final obs 3) and a one-turn one"
+    same(b["tokens"][0], [o, 10, 11, a, 20, 21, e, o, 12, a, 22, e, o, 13, a], what + ": tokens[0]")
+    same(b["action_mask"][0], [0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0, 0], what + ": action_mask[0]")
+    same(b["old_logprobs"][0], [0, 0, 0, 0, -.1, -.2, -.3, 0, 0, 0, -.4, -.5, 0, 0, 0], what + ": old_logprobs[0]")
+    same(b["turn_id"][0], [-1, -1, -1, -1, 0, 0, 0, -1, -1, -1, 1, 1, -1, -1, -1], what + ": turn_id[0]")
+    same(b["action_mask"][1], [0, 0, 0, 1, 1] + [0] * 10, what + ": action_mask[1] (right padding is 0)")
+    same(b["turn_id"][1], [-1, -1, -1, 0, 0] + [-1] * 10, what + ": turn_id[1]")
+
+
+@check("mask")
+def mask_invariants_on_random_episodes(m, seed=0):
+    episodes = random_episodes(6, seed=seed)
+    b = m.pack(episodes, m.make_tokenizer(envs.FLIGHT_ID), 64)
+    for row, ep in enumerate(episodes):
+        mask, tokens = as_tensor(b["action_mask"][row]).bool(), as_tensor(b["tokens"][row])
+        actions = [x for t in ep.turns for x in t.action_tokens]
+        where = f"pack() of random episode {row} (seed {seed}), {len(ep.turns)} turns"
+        same(tokens[mask], actions, f"{where}: the tokens under mask 1, in order, must be the action tokens")
+        same(as_tensor(b["old_logprobs"][row])[mask], [x for t in ep.turns for x in t.action_logprobs],
+             f"{where}: old_logprobs under the mask")
+        same(as_tensor(b["old_logprobs"][row])[~mask].abs().sum(), 0.0, f"{where}: old_logprobs off the mask")
+        same(as_tensor(b["turn_id"][row])[mask], [k for k, t in enumerate(ep.turns) for _ in t.action_tokens],
+             f"{where}: turn_id on the action tokens")
+        same((as_tensor(b["turn_id"][row]) >= 0).tolist(), mask.tolist(), f"{where}: turn_id >= 0 exactly on mask 1")
+
+
+@check("mask")
+def mask_demonstrations_have_no_logprobs_but_are_still_actions(m):
+    ep = make_episode(turns=[make_turn([TOK.obs, 10, TOK.act], [20, TOK.eoa], logprobs=[], terminated=True)])
+    b = m.pack([ep], m.make_tokenizer(envs.FLIGHT_ID), 16)
+    same(b["action_mask"][0], [0, 0, 0, 1, 1], "pack() of a demonstration (action_logprobs []): action_mask")
+    same(b["old_logprobs"][0], [0, 0, 0, 0, 0], "pack() of a demonstration: old_logprobs are 0.0")
+
+
+@check("returns")
+def returns_chapter_example(m):
+    same(m.discounted_returns([0, 0, 0, 1], 0.9), [0.729, 0.81, 0.9, 1.0], "discounted_returns([0, 0, 0, 1], gamma=0.9)")
+
+
+@check("returns")
+def returns_hand_cases(m):
+    for rewards, gamma, want in [([1, 1, 1], 0.5, [1.75, 1.5, 1.0]), ([1, 2, 3], 1.0, [6, 5, 3]),
+                                 ([0.3, 0.1, 0.5], 0.0, [0.3, 0.1, 0.5])]:
+        same(m.discounted_returns(rewards, gamma), want, f"discounted_returns({rewards}, gamma={gamma})")
+
+
+@check("returns")
+def returns_satisfy_the_recursion(m, seed=1):
+    rng = np.random.default_rng(seed)
+    for _ in range(4):
+        r, gamma = rng.normal(size=rng.integers(1, 9)).round(3).tolist(), round(float(rng.random()), 3)
+        g = torch.tensor(plain(m.discounted_returns(r, gamma)), dtype=torch.float64)
+        what = f"discounted_returns({r}, gamma={gamma}) = {g.tolist()}"
+        same(g[-1], r[-1], what + ": the last return is the last reward", tol=1e-4)
+        same(g[:-1] - gamma * g[1:], r[:-1], what + ": G_k - gamma * G_k+1 must be r_k", tol=1e-4)
+
+
+@check("gae")
+def gae_hand_cases(m):
+    for gamma, lam, bootstrap, want in [(1.0, 1.0, False, [0.5, 0.5]), (1.0, 1.0, True, [1.5, 1.5]),
+                                        (1.0, 0.0, False, [0.0, 0.5]), (0.5, 0.5, False, [-0.125, 0.5])]:
+        call = f"gae([0, 1], values [0.5, 0.5], last_value 1.0, bootstrap={bootstrap}, gamma={gamma}, lam={lam})"
+        same(m.gae([0.0, 1.0], [0.5, 0.5], 1.0, bootstrap, gamma, lam), [want, [x + 0.5 for x in want]],
+             call + " -> (advantages, returns = advantages + values)")
+
+
+@check("gae")
+def gae_four_turn_golden(m):
+    for bootstrap, want in [(False, [0.584333, 0.97824, 0.192, 0.6]), (True, [0.853071, 1.351488, 0.7104, 1.32])]:
+        adv, _ = m.gae([0.0, 0.5, 0.0, 1.0], [0.3, 0.2, 0.6, 0.4], 0.8, bootstrap, 0.9, 0.8)
+        same(adv, want, f"gae(rewards [0, 0.5, 0, 1], values [0.3, 0.2, 0.6, 0.4], last_value 0.8, "
+                        f"bootstrap={bootstrap}, gamma 0.9, lam 0.8): advantages")
+
+
+@check("gae")
+def gae_last_value_matters_only_when_bootstrapped(m):
+    for bootstrap, want in [(False, [-0.5, -0.5]), (True, [-0.5, 0.5])]:
+        got = [plain(m.gae([0.0], [0.5], v, bootstrap, 1.0, 1.0)[0])[0] for v in (0.0, 1.0)]
+        same(got, want, f"gae([0], [0.5], last_value 0.0 and 1.0, bootstrap={bootstrap}, 1, 1): A_0 for each "
+                        "(after an end there is no V(s_K); after an outside cut there is)")
+
+
+@check("gae")
+def gae_properties(m):
+    same(m.gae([0, 0, 0, 1], [0, 0, 0, 0], 0.0, False, 0.9, 1.0)[0], [0.729, 0.81, 0.9, 1.0],
+         "gae with lam 1 and values 0 is the discounted return")
+    r, v = [0.3, -1.2, 0.5, 0.8, -0.1], [0.2, -0.4, 1.1, 0.0, 0.6]
+    base = plain(m.gae(r, v, 0.0, False, 1.0, 1.0)[0])
+    shifted = plain(m.gae(r, [x + 0.7 for x in v], 0.0, False, 1.0, 1.0)[0])
+    same([a - b for a, b in zip(base, shifted)], [0.7] * 5, f"gae({r}, values +0.7, gamma=lam=1): every A drops by 0.7")
+
+
+@check("grpo")
+def grpo_chapter_example_and_std_options(m):
+    for rewards, std, want in [([1, 0, 0, 1], "population", [1, -1, -1, 1]),
+                               ([1, 0, 0, 1], "unbiased", [0.866025, -0.866025, -0.866025, 0.866025]),
+                               ([1, 0, 0, 1], "none", [0.5, -0.5, -0.5, 0.5]),
+                               ([1, 0, 0, 0], "unbiased", [1.5, -0.5, -0.5, -0.5]),
+                               ([1, 0, 0, 0], "population", [1.732051, -0.57735, -0.57735, -0.57735])]:
+        same(m.group_advantages(rewards, std=std), want, f"group_advantages({rewards}, std={std!r})", tol=1e-4)
+
+
+@check("grpo")
+def grpo_all_equal_groups_are_exactly_zero(m):
+    for std in ("population", "unbiased", "none"):
+        for rewards in ([0.1] * 7, [1000.1] * 3, [0.0, 0.0], [1.0] * 8):
+            got = plain(m.group_advantages(rewards, std=std))
+            assert got == [0.0] * len(rewards), f"group_advantages({rewards}, std={std!r})\n  expected exactly " \
+                                                f"{[0.0] * len(rewards)} (all-equal rewards carry no signal)\n  obtained {got}"
+
+
+@check("grpo")
+def grpo_properties(m, seed=3):
+    rows = torch.tensor(np.random.default_rng(seed).normal(size=(4, 6)).round(3), dtype=torch.float32)
+    adv = torch.tensor(plain(m.group_advantages(rows)))
+    what = f"group_advantages(rows {rows.tolist()})"
+    same(adv.mean(-1), [0.0] * 4, what + ": each row is centred", tol=1e-4)
+    same(adv.std(-1, unbiased=False), [1.0] * 4, what + ": population std 1 per row", tol=1e-3)
+    same(m.group_advantages(rows * 3 + 5), adv, what + ": the same after x 3 + 5", tol=1e-3)
+    same(m.group_advantages(rows[:, [5, 0, 1, 2, 3, 4]]), adv[:, [5, 0, 1, 2, 3, 4]], what + ": permuted rows", tol=1e-5)
+    same(m.group_advantages(rows[2]), adv[2], what + ": row 2 alone", tol=1e-5)
+
+
+@check("ppo_clip")
+def ppo_clip_three_tokens_hand_computed(m):
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0, 5.0]]))        # old_logprobs = 0, so r = these
+    loss, stats = m.ppo_clip_loss(logp, torch.zeros(1, 4), torch.tensor([[1.0, -1.0, 1.0, 1.0]]),
+                                  torch.tensor([[1.0, 1.0, 1.0, 0.0]]), 0.2)
+    what = "ppo_clip_loss(r = [1.5, 0.5, 1, 5], A = [1, -1, 1, 1], mask [1, 1, 1, 0], eps 0.2)"
+    same(loss, (-1.2 + 0.8 - 1.0) / 3, what + ": loss (per token -1.2, +0.8, -1, mean over the mask)", tol=1e-6)
+    same(stats["clip_frac"], 2 / 3, what + ": clip_frac (2 of the 3 masked tokens have |r - 1| > 0.2)")
+    same(stats["approx_kl"], 0.095894, what + ": approx_kl (mean k3 over the 3 masked tokens)", tol=1e-5)
+
+
+@check("ppo_clip")
+def ppo_clip_single_token_loss_and_gradient(m):
+    for r, a, want_loss, want_grad in [(1.0, 1.0, -1.0, -1.0), (1.5, 1.0, -1.2, 0.0), (0.5, 1.0, -0.5, -0.5),
+                                       (0.5, -1.0, 0.8, 0.0), (1.5, -1.0, 1.5, 1.5)]:
+        (loss, _), grad = with_grad(m.ppo_clip_loss, 0, torch.tensor([[math.log(r)]]), torch.zeros(1, 1),
+                                    torch.tensor([[a]]), torch.ones(1, 1), 0.2)
+        what = f"ppo_clip_loss one token, r = {r}, A = {a}, eps 0.2"
+        same(loss, want_loss, what + ": loss", tol=1e-6)
+        same(grad, [[want_grad]], what + ": d loss / d logprob (0 where the clip is active)", tol=1e-6)
+
+
+@check("ppo_clip")
+def ppo_clip_mask_and_mean_properties(m):
+    g = torch.Generator().manual_seed(0)
+    logp, old, adv = torch.randn(2, 5, generator=g) * 0.1, torch.randn(2, 5, generator=g) * 0.1, torch.randn(2, 5, generator=g)
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.float)
+    (loss, _), grad = with_grad(m.ppo_clip_loss, 0, logp, old, adv, mask)
+    what = "ppo_clip_loss on random 2 x 5 inputs with a mask"
+    same(torch.tensor(plain(grad))[mask == 0], [0.0] * 3, what + ": tokens off the mask get no gradient")
+    same(m.ppo_clip_loss(torch.where(mask.bool(), logp, logp + 3.0), old, adv, mask)[0], loss,
+         what + ": changing tokens off the mask changes nothing")
+    same(m.ppo_clip_loss(logp.repeat(1, 2), old.repeat(1, 2), adv.repeat(1, 2), mask.repeat(1, 2))[0], loss,
+         what + ": a token mean, so every token twice gives the same loss")
+    same(m.ppo_clip_loss(old, old, adv, mask)[0], -(adv * mask).sum() / mask.sum(), what + ": at r = 1, -mean(A) over the mask")
+
+
+@check("ppo_clip")
+def ppo_clip_gradient_matches_finite_differences(m):
+    logp = torch.tensor([[0.1, -0.3, 0.05], [0.4, -0.05, 0.0]], dtype=torch.float64)
+    old = torch.tensor([[0.0, 0.0, 0.1], [0.0, 0.1, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, -0.5, 2.0], [-1.0, 0.7, 1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float64)
+    _, grad = with_grad(m.ppo_clip_loss, 0, logp, old, adv, mask)
+    h, numeric = 1e-4, torch.zeros_like(logp)
+    for i in range(2):
+        for j in range(3):
+            e = torch.zeros_like(logp)
+            e[i, j] = h
+            up, down = (float(plain(m.ppo_clip_loss(logp + s * e, old, adv, mask)[0])) for s in (1, -1))
+            numeric[i, j] = (up - down) / (2 * h)
+    same(grad, numeric, "ppo_clip_loss: autograd's gradient against central differences of your loss", tol=1e-3)
+
+
+@check("kl_k3")
+def kl_k3_values(m):
+    same(m.kl_k3(torch.zeros(3), torch.zeros(3)), [0.0] * 3, "kl_k3 of identical policies")
+    same(m.kl_k3(torch.zeros(2), torch.tensor([math.log(2), -math.log(2)])), [0.306853, 0.193147],
+         "kl_k3(logprobs 0, ref_logprobs +-ln 2): d = ref - logp", tol=1e-5)
+    same(m.kl_k3(torch.tensor([-1.0, -1.5]), torch.tensor([-1.5, -1.0])), [0.106531, 0.148721],
+         "kl_k3([-1, -1.5], [-1.5, -1])", tol=1e-5)
+
+
+@check("kl_k3")
+def kl_k3_is_nonnegative_and_unbiased_for_kl(m):
+    g = torch.Generator().manual_seed(4)
+    k = torch.tensor(plain(m.kl_k3(torch.randn(100, generator=g), torch.randn(100, generator=g))))
+    assert (k >= 0).all(), f"kl_k3 on random pairs: k3 is never negative\n  obtained {k.tolist()}"
+    p, q = torch.tensor([0.5, 0.5]), torch.tensor([0.9, 0.1])
+    same((p * torch.tensor(plain(m.kl_k3(p.log(), q.log())))).sum(), 0.510826,
+         "sum_x pi(x) k3(x) with pi = [0.5, 0.5], ref = [0.9, 0.1]: KL(pi || ref) (1.266952 would be reversed)", tol=1e-5)
+
+
+STORE_BAD = {  # a name -> a change that the store must refuse with a plain ValueError
+    "missing env_version": lambda ep: setattr(ep, "env_version", None),
+    "empty episode_id": lambda ep: setattr(ep, "episode_id", ""),
+    "no turns": lambda ep: setattr(ep, "turns", []),
+    "mixed versions": lambda ep: setattr(ep.turns[0], "policy_version", 0),
+    "a log-prob missing": lambda ep: ep.turns[0].action_logprobs.pop(),
+    "a NaN log-prob": lambda ep: ep.turns[0].action_logprobs.__setitem__(0, float("nan")),
+    "an infinite reward": lambda ep: setattr(ep.turns[0], "reward", float("inf")),
+    "log-probs not a list": lambda ep: setattr(ep.turns[0], "action_logprobs", None),
+    "turns not a list": lambda ep: setattr(ep, "turns", None),
+    "a turn that is not a Turn": lambda ep: setattr(ep, "turns", ["not a turn"]),
+    "a reward as text": lambda ep: setattr(ep.turns[0], "reward", "1"),
+    "a version as text": lambda ep: setattr(ep, "policy_version", "0") or setattr(ep.turns[0], "policy_version", "0"),
+}
+
+
+@check("store_refusals")
+def store_accepts_a_good_episode_and_refuses_each_bad_one_as_a_plain_value_error(m):
+    store = m.TrajectoryStore(1)
+    store.add(make_episode("ok", version=1), 1)
+    same([ep.episode_id for ep in store.take()], ["ok"], "a good episode is admitted, then taken")
+    for name, change in STORE_BAD.items():
+        ep = make_episode("bad", version=1)
+        change(ep)
+        e = refusal(lambda: m.TrajectoryStore(1).add(ep, 1))
+        assert isinstance(e, ValueError) and type(e).__name__ == "ValueError", \
+            f"TrajectoryStore(max_staleness=1).add(an episode with {name}, current_version=1)\n  expected " \
+            f"ValueError\n  obtained {type(e).__name__ if e else 'nothing raised: admitted'}"
+
+
+@check("store_refusals")
+def store_staleness_is_a_stale_episode_at_the_bound_plus_one(m):
+    store = m.TrajectoryStore(2)
+    store.add(make_episode("two-old", version=3), 5)
+    e = refusal(lambda: store.add(make_episode("three-old", version=2), 5))
+    assert e is not None and type(e).__name__ == "StaleEpisode" and isinstance(e, ValueError), \
+        "max_staleness 2, version 2, current 5\n  expected StaleEpisode (a ValueError)\n  obtained " \
+        f"{type(e).__name__ if e else 'nothing raised'} (version 3 at current 5 must be admitted: the bound is inclusive)"
+    store.add_all([make_episode("fresh", version=5), make_episode("old", version=0)], 5)
+    same([store.refused_stale, [ep.episode_id for ep in store.take()]], [1, ["two-old", "fresh"]],
+         "add_all([fresh, too stale]): [refused_stale, admitted ids] (a stale episode is counted and skipped)")
+
+
+@check("store_refusals")
+def store_duplicates_even_after_take_and_a_refusal_changes_nothing(m):
+    store = m.TrajectoryStore(0)
+    store.add(make_episode("dup"), 0)
+    assert isinstance(refusal(lambda: store.add(make_episode("dup"), 0)), ValueError), "a duplicate id must be refused"
+    store.take()
+    assert isinstance(refusal(lambda: store.add(make_episode("dup"), 0)), ValueError), \
+        "a duplicate id must be refused also after take()"
+    bad = make_episode("fixable")
+    bad.turns[0].reward = float("nan")
+    assert isinstance(refusal(lambda: store.add(bad, 0)), ValueError), "a NaN reward must be refused"
+    store.add(make_episode("fixable"), 0)
+    same([ep.episode_id for ep in store.take()], ["fixable"], "a refused id was never recorded, so its fix is admitted")
+
+
+@check("permission_rule")
+def permission_rule_vault_open_needs_that_probe(m):
+    rule = m.envs.VaultEnv.permission_rule
+    for executed, tool, args, want in [([], "open", ["4"], "open_unprobed"),
+                                       ([("probe", ["3"], "3 is low : code in 4 to 15")], "open", ["4"], "open_unprobed"),
+                                       ([("probe", ["4"], "4 is right")], "open", ["4"], None),
+                                       ([], "probe", ["4"], None), ([], "status", [], None)]:
+        same(rule({}, executed, tool, args), want, f"VaultEnv.permission_rule({{}}, executed={executed}, {tool!r}, {args})")
+
+
+@check("permission_rule")
+def permission_rule_a_denied_open_is_never_executed(m):
+    env = m.envs.gym.make(envs.VAULT_ID)
+    env.reset(seed=7)
+    code = env.unwrapped.state.code
+    gate = m.HostGate.for_env(env)
+    obs, _, terminated, _, _, decision = m.host_step(env, gate, f"open {code}")
+    same([decision.reason, terminated, env.unwrapped.state.opened], ["open_unprobed", False, []],
+         f"host_step(open {code}) with nothing probed: [gate reason, terminated, codes tried on the lock]")
+    m.host_step(env, gate, f"probe {code}")
+    obs, reward, terminated, *_ = m.host_step(env, gate, f"open {code}")
+    same([reward, terminated], [1.0, True], f"probe {code} then open {code}: [reward, terminated]")
+
+
+@check("sign_test")
+def sign_test_hand_cases(m):
+    for wins, losses, want in [(3, 1, 5 / 16), (10, 0, 1 / 1024), (0, 0, 1.0), (5, 5, 0.623047), (0, 4, 1.0)]:
+        same(m.sign_test_p(wins, losses), want, f"sign_test_p({wins}, {losses})", tol=1e-6)
+
+
+@check("sign_test")
+def sign_test_properties(m):
+    ps = [m.sign_test_p(w, 10 - w) for w in range(11)]
+    same(ps, sorted(ps, reverse=True), "sign_test_p(w, 10 - w) for w = 0..10: more wins, smaller p")
+    for w, l in [(4, 2), (7, 3), (12, 9)]:
+        same(m.sign_test_p(w, l) + m.sign_test_p(l, w), 1 + math.comb(w + l, w) / 2 ** (w + l),
+             f"sign_test_p({w}, {l}) + sign_test_p({l}, {w}): the two tails overlap at X = wins", tol=1e-9)
+
+
+GOLDEN_P = {(20, 0): 2 ** -20, (2, 0): 0.25, (0, 0): 1.0, (30, 0): 2 ** -30, (29, 0): 2 ** -29, (38, 0): 2 ** -38}
+
+
+def promotion(m, candidate, incumbent):
+    """promotion_decision, with a stand-in for sign_test_p when run here, so that a blank sign_test does
+    not hide a right promotion (the grader swaps in the reference sign_test_p itself)."""
+    if not isinstance(m, type(A)):
+        return m.promotion_decision(candidate, incumbent)
+    real, m.sign_test_p = m.sign_test_p, lambda wins, losses: GOLDEN_P[(wins, losses)]
+    try:
+        return m.promotion_decision(candidate, incumbent)
+    finally:
+        m.sign_test_p = real
+
+
+GATE_NAMES = ["significant gain", "unauthorized side effects", "safety denials", "category all",
+              "cost tokens_per_success", "cost tool_calls_per_success", "cost credits_per_success"]
+
+
+@check("promotion")
+def promotion_truth_table(m):
+    inc = report_card([1] * 50 + [0] * 50)
+    for name, candidate, promoted, failed in [
+            ("20 more tasks solved, cheaper", report_card([1] * 70 + [0] * 30, credits=9.0), True, []),
+            ("2 more tasks (p = 0.25)", report_card([1] * 52 + [0] * 48), False, ["significant gain"]),
+            ("the same tasks", inc, False, ["significant gain"]),
+            ("one more safety denial", report_card([1] * 70 + [0] * 30, safety=1), False, ["safety denials"]),
+            ("one unauthorized side effect", report_card([1] * 70 + [0] * 30, unauthorized=1), False,
+             ["unauthorized side effects"]),
+            ("twice the cost per success", report_card([1] * 70 + [0] * 30, credits=20.0), False,
+             ["cost tokens_per_success", "cost tool_calls_per_success", "cost credits_per_success"])]:
+        ok, reason, gates = promotion(m, candidate, inc)
+        same([ok, [g["gate"] for g in gates], [g["gate"] for g in gates if not g["passed"]]],
+             [promoted, GATE_NAMES, failed], f"promotion_decision, candidate with {name}: [promoted, gates, failed gates]")
+        assert failed == [] or failed[0] in reason, f"the reason must name the first failed gate {failed[0]!r}: {reason}"
+
+
+@check("promotion")
+def promotion_category_drops_and_the_one_task_allowance(m):
+    cats = lambda a, b: {"sold_out": {"tasks": 40, "success": a}, "seats": {"tasks": 60, "success": b}}
+    inc = report_card([1] * 50 + [0] * 50, categories=cats(0.5, 0.5))
+    for drop, promoted in [(0.1, False), (0.025, True)]:
+        ok, _, gates = promotion(m, report_card([1] * 80 + [0] * 20, categories=cats(0.5 - drop, 0.9)), inc)
+        same([ok, [g["gate"] for g in gates if not g["passed"]]], [promoted, [] if promoted else ["category sold_out"]],
+             f"sold_out (40 tasks) drops by {drop}: [promoted, failed gates] (one task of 40 is allowed)")
+    small = {"high": {"tasks": 8, "success": 0.75}}
+    ok, _, gates = promotion(m, report_card([1] * 80 + [0] * 20, categories={"high": {"tasks": 8, "success": 0.625}}),
+                             report_card([1] * 50 + [0] * 50, categories=small))
+    same([ok, next(g for g in gates if g["gate"] == "category high")["limit"]], [True, 0.625],
+         "a category of 8 tasks drops by one task (0.75 -> 0.625): [promoted, its limit 0.75 - max(0.05, 1/8)]")
+    e = refusal(lambda: m.promotion_decision({**inc, "task_ids": [5] * 100}, inc))
+    assert isinstance(e, ValueError), "reports on different tasks must be refused with a ValueError"
+
+
+@check("promotion")
+def promotion_gates_carry_their_numbers(m):
+    inc = report_card([1] * 50 + [0] * 50, safety=2)
+    _, _, gates = promotion(m, report_card([1] * 70 + [0] * 30, credits=9.0, safety=1), inc)
+    first = gates[0]
+    same([first["wins"], first["losses"], first["observed"], first["limit"]], [20, 0, 2 ** -20, A.GATE_LEVEL],
+         "the significant-gain gate: [wins, losses, observed p, limit]", tol=1e-9)
+    same([[g["observed"], g["limit"]] for g in gates[1:3]], [[0, 0], [1, 2]],
+         "[observed, limit] of the unauthorized-side-effects and safety-denials gates")
+    same(gates[4]["limit"], 1.25 * 1000 / 50, "the tokens-per-success gate's limit: 1.25 x the incumbent's 20.0")
+
+
+CLOCK_SETTINGS = ("value_zero", "bootstrap_budget", "hidden_clock_value_zero", "hidden_clock_bootstrap_budget")
+
+
+@check("silent_bug", table=EXPERIMENT_CHECKS)
+def silent_bug_is_named(answers, key):
+    assert key["silent_bug"], "the grader was not told which bug was planted (grade --silent-bug ID; the " \
+                              "autograder bundle carries it)"
+    named = answers.get("silent_bug")
+    assert named in A.SILENT_BUGS, f"answers.json: silent_bug must be one of {sorted(A.SILENT_BUGS)}\n  obtained {named!r}"
+    assert named == key["silent_bug"], f"answers.json: silent_bug {named!r} is not the bug planted in this handout"
+
+
+@check("silent_bug", table=EXPERIMENT_CHECKS)
+def silent_bug_evidence_cites_the_monitors_over_three_seeds(answers, key):
+    evidence = str(answers.get("silent_bug_evidence", ""))
+    cited = [k for k in sorted(MONITOR_KEYS) if k in evidence]
+    assert len(evidence.split()) >= 20 and cited and all(f"seed {s}" in evidence or f"s{s}" in evidence for s in "012"), \
+        "answers.json: silent_bug_evidence must be at least 20 words, cite a metric from metrics.jsonl (e.g. " \
+        f"clip_frac, entropy) and give its value for seed 0, seed 1 and seed 2\n  obtained {evidence!r}"
+
+
+@check("clock", table=EXPERIMENT_CHECKS)
+def clock_reports_four_settings_over_three_seeds(answers, key):
+    clock = answers.get("clock", {})
+    got = {k: clock.get(k) for k in CLOCK_SETTINGS}
+    assert all(isinstance(v, list) and len(v) == 3 and all(isinstance(x, (int, float)) and 0 <= x <= 1 for x in v)
+               for v in got.values()), f"answers.json: clock must map each of {list(CLOCK_SETTINGS)} to the final " \
+                                       f"dev success of seeds 0, 1 and 2\n  obtained {got}"
+    assert len(str(clock.get("why", "")).split()) >= 15, "answers.json: clock.why must explain the result (15 words or more)"
+
+
+# BEGIN GRADER ONLY: the hidden checks, kept out of handouts
+REFERENCE_ANSWERS = {  # answers.json as the reference would write it (the autograder test grades it)
+    "silent_bug": "ratio_always_one",
+    "silent_bug_evidence": "clip_frac and approx_kl are exactly 0 in every iteration of seed 0, seed 1 and seed 2, "
+                           "while the reference logs a few tenths of a percent: the ratio never leaves 1",
+    "clock": {"value_zero": [1.0, 1.0, 1.0], "bootstrap_budget": [0.0, 0.0, 0.0],
+              "hidden_clock_value_zero": [1.0, 1.0, 1.0], "hidden_clock_bootstrap_budget": [0.0, 0.0, 0.0],
+              "why": "placeholder until the reference runs are measured: the bootstrap credits a stalled episode "
+                     "with the value of a mid-task state"}}
+
+
+@check("mask", hidden=True)
+def mask_matches_the_reference_on_other_episodes(m):
+    mask_invariants_on_random_episodes(m, seed=11)
+    episodes = random_episodes(5, seed=12)
+    for ep in episodes:
+        ep.final_obs_tokens = [TOK.obs, 9, 9, 9, TOK.act]
+    same(m.pack(episodes, m.make_tokenizer(envs.FLIGHT_ID), 80), A.pack(episodes, TOK, 80),
+         "pack() of five other episodes, long final observations: every field")
+
+
+@check("returns", hidden=True)
+def returns_match_the_reference_on_other_inputs(m):
+    returns_satisfy_the_recursion(m, seed=21)
+    for rewards, gamma in [([0.0], 0.3), ([2.0, -1.0], 0.75), ([0.5] * 9, 0.99)]:
+        same(m.discounted_returns(rewards, gamma), A.discounted_returns(rewards, gamma),
+             f"discounted_returns({rewards}, gamma={gamma})")
+
+
+@check("gae", hidden=True)
+def gae_matches_the_reference_on_other_inputs(m):
+    rng = np.random.default_rng(31)
+    for _ in range(5):
+        k = int(rng.integers(1, 7))
+        r, v = rng.normal(size=k).round(3).tolist(), rng.normal(size=k).round(3).tolist()
+        last, boot, gamma, lam = round(float(rng.normal()), 3), bool(rng.random() < 0.5), round(float(rng.random()), 2), \
+            round(float(rng.random()), 2)
+        same(m.gae(r, v, last, boot, gamma, lam), A.gae(r, v, last, boot, gamma, lam),
+             f"gae({r}, {v}, last_value {last}, bootstrap={boot}, gamma {gamma}, lam {lam})", tol=1e-4)
+
+
+@check("grpo", hidden=True)
+def grpo_matches_the_reference_on_other_inputs(m):
+    rows = torch.tensor(np.random.default_rng(41).integers(0, 2, size=(5, 8)), dtype=torch.float32)
+    for std in ("population", "unbiased", "none"):
+        same(m.group_advantages(rows, std=std), A.group_advantages(rows, std=std),
+             f"group_advantages(0/1 rewards {rows.tolist()}, std={std!r})", tol=1e-4)
+    same(m.group_advantages([3.0, 1.0]), A.group_advantages([3.0, 1.0]), "group_advantages([3, 1])", tol=1e-4)
+
+
+@check("ppo_clip", hidden=True)
+def ppo_clip_matches_the_reference_on_other_inputs(m):
+    g = torch.Generator().manual_seed(51)
+    logp, old = torch.randn(3, 6, generator=g) * 0.4, torch.randn(3, 6, generator=g) * 0.4
+    adv, mask = torch.randn(3, 6, generator=g), (torch.rand(3, 6, generator=g) > 0.3).float()
+    for eps in (0.1, 0.3):
+        got, want = with_grad(m.ppo_clip_loss, 0, logp, old, adv, mask, eps), with_grad(A.ppo_clip_loss, 0, logp, old,
+                                                                                       adv, mask, eps)
+        same(got, want, f"ppo_clip_loss on random 3 x 6 inputs, eps {eps}: ((loss, stats), gradient)", tol=1e-4)
+
+
+@check("kl_k3", hidden=True)
+def kl_k3_matches_the_reference_on_other_inputs(m):
+    g = torch.Generator().manual_seed(61)
+    a, b = torch.randn(2, 7, generator=g), torch.randn(2, 7, generator=g)
+    same(m.kl_k3(a, b), A.kl_k3(a, b), "kl_k3 on random 2 x 7 inputs", tol=1e-5)
+
+
+@check("store_refusals", hidden=True)
+def store_refuses_what_cannot_happen(m):
+    impossible = {"a future version": lambda ep: setattr(ep, "policy_version", 3) or setattr(ep.turns[0], "policy_version", 3),
+                  "a positive log-prob": lambda ep: ep.turns[0].action_logprobs.__setitem__(0, 0.5),
+                  "a reward of 5": lambda ep: setattr(ep.turns[0], "reward", 5.0),
+                  "a negative cost": lambda ep: setattr(ep.turns[0], "cost", -1.0),
+                  "a token id beyond the vocabulary": lambda ep: ep.turns[0].obs_tokens.append(len(TOK)),
+                  "a negative token id": lambda ep: ep.turns[0].action_tokens.__setitem__(0, -1),
+                  "both terminated and truncated": lambda ep: setattr(ep.turns[0], "truncated", True),
+                  "no ending": lambda ep: setattr(ep.turns[0], "terminated", False),
+                  "a truncated turn naming no cut": lambda ep: setattr(ep.turns[0], "terminated", False) or
+                  setattr(ep.turns[0], "truncated", True),
+                  "a bool reward": lambda ep: setattr(ep.turns[0], "reward", True),
+                  "an id that is a number": lambda ep: setattr(ep, "episode_id", 7)}
+    for name, change in impossible.items():
+        ep = make_episode("odd", version=1)
+        change(ep)
+        e = refusal(lambda: m.TrajectoryStore(1, len(TOK)).add(ep, 1))
+        assert isinstance(e, ValueError) and type(e).__name__ == "ValueError", \
+            f"TrajectoryStore(1, vocab_size={len(TOK)}).add(an episode with {name}, 1)\n  expected ValueError\n  " \
+            f"obtained {type(e).__name__ if e else 'nothing raised: admitted'}"
+    ok = make_episode("cut", version=1, turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], version=1),
+                                               make_turn([TOK.obs, 9, TOK.act], [8, TOK.eoa], version=1, truncated=True,
+                                                         truncated_by="time_limit")])
+    store = m.TrajectoryStore(0)
+    store.add(ok, 1)
+    same(store.staleness, {0: 1}, "a two-turn episode cut by a time limit is admitted; the staleness histogram")
+
+
+@check("permission_rule", hidden=True)
+def permission_rule_other_codes_and_the_other_environments_keep_their_rules(m):
+    rule = m.envs.VaultEnv.permission_rule
+    probes = [("probe", [c], f"{c} is low") for c in ("2", "9", "13")]
+    for code, want in [("9", None), ("13", None), ("12", "open_unprobed"), ("1", "open_unprobed")]:
+        same(rule({}, probes, "open", [code]), want, f"permission_rule after probing 2, 9 and 13: open {code}")
+    same(rule({}, [("status", [], "status : locked")], "open", ["5"]), "open_unprobed", "status is not a probe")
+    flight = {"passenger": "ana", "class": "economy", "legs": 1}
+    same([m.envs.FlightBookingEnv.permission_rule(flight, [], "book", ["F1", "ben", "economy"]),
+          m.envs.CodeRepairEnv.permission_rule({}, [], "rm", ["tests"])], ["wrong_passenger", "tests_read_only"],
+         "the flight and code-repair rules still hold")
+
+
+@check("sign_test", hidden=True)
+def sign_test_matches_the_binomial_tail_elsewhere(m):
+    for wins, losses in [(1, 0), (0, 1), (15, 5), (40, 26), (7, 7)]:
+        n = wins + losses
+        same(m.sign_test_p(wins, losses), sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n,
+             f"sign_test_p({wins}, {losses})", tol=1e-9)
+
+
+@check("promotion", hidden=True)
+def promotion_matches_the_reference_on_other_report_cards(m):
+    rng = np.random.default_rng(71)
+    for _ in range(6):
+        n = 60
+        cats = {"a": {"tasks": 20, "success": float(rng.integers(0, 21)) / 20},
+                "b": {"tasks": 40, "success": float(rng.integers(0, 41)) / 40}}
+        inc = report_card(rng.integers(0, 2, size=n).tolist(), safety=int(rng.integers(0, 3)), categories=cats)
+        cand = report_card(rng.integers(0, 2, size=n).tolist(), safety=int(rng.integers(0, 3)),
+                           unauthorized=int(rng.random() < 0.2), credits=float(rng.integers(8, 14)),
+                           categories={k: {**v, "success": min(1.0, v["success"] + float(rng.normal(0, 0.1)))}
+                                       for k, v in cats.items()})
+        got, want = m.promotion_decision(cand, inc), A.promotion_decision(cand, inc)
+        fields_ = lambda out: [out[0], [[g["gate"], g["passed"], g["observed"], g["limit"]] for g in out[2]]]
+        same(fields_(got), fields_(want), "promotion_decision on a random pair of report cards: [promoted, "
+                                          "[gate, passed, observed, limit] each]", tol=1e-6)
+# END GRADER ONLY
+
+
+@pytest.mark.homework
+@pytest.mark.parametrize("exercise, name, check_fn, hidden", HOMEWORK, ids=[f"{c[0]}-{c[1]}" for c in HOMEWORK])
+def test_hw(exercise, name, check_fn, hidden):
+    check_fn(A)
+
+
+# BEGIN GRADER ONLY: tests of the reference's own handout and grader
+# ------------------------------------------------------------------------------------------------
+# The handout and the grader: what a teaching assistant sees on grading day
+# ------------------------------------------------------------------------------------------------
+REPO = Path(A.__file__).resolve().parent
+
+
+def normalized(line):
+    return " ".join(line.split("#")[0].split())
+
+
+def fill(path, exercise, code):
+    """Write `code` (lines, at the stub's indentation) in place of the exercise's stub in a handout file."""
+    lines = path.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith((f"raise NotImplementedError('{exercise}: ",
+                                                                            f'raise NotImplementedError("{exercise}: ')))
+    indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
+    lines[at:at + 1] = [indent + c + "\n" for c in code]
+    path.write_text("".join(lines))
+
+
+def test_the_reference_gets_full_marks_through_the_grader_and_writes_gradescopes_results(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        A.main(["grade", str(REPO), "--only", ",".join(A.EXERCISES), "--json", str(tmp_path / "results.json")])
+    assert done.value.code == 0 and "total 100.0 / 100.0" in capsys.readouterr().out
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results) >= {"score", "execution_time", "output", "visibility", "stdout_visibility", "tests"}
+    assert results["score"] == pytest.approx(100.0) and len(results["tests"]) == 2 * len(A.EXERCISES)
+    for t in results["tests"]:
+        assert set(t) >= {"name", "score", "max_score", "number", "output", "visibility"} and t["score"] == t["max_score"]
+        assert t["visibility"] in ("visible", "after_published", "hidden", "after_due_date")
+
+
+def test_a_fresh_handout_scores_zero_leaks_nothing_and_round_trips(tmp_path):
+    out = tmp_path / "handout"
+    assert sorted(A.write_handout(out)) == sorted(A.EXERCISES)
+    report = A.grade(out, only=list(A.EXERCISES))
+    for ex, row in report.items():
+        assert row["checks"] and all(c["status"] == "not started" and c["message"].startswith(f"{ex}: ")
+                                     for c in row["checks"]), (ex, row)
+    handout = {name: (out / name).read_text() for name in A.HANDOUT_FILES}
+    assert "GRADER ONLY" not in handout["test_agentic_rl.py"] and "ANSWER -->" not in handout["README.md"]
+    code = {name: text.splitlines() for name, text in handout.items()}
+    start = next(i for i, line in enumerate(code["agentic_rl.py"]) if line.startswith("EXERCISES = {"))
+    end = code["agentic_rl.py"].index("}", start)
+    code["agentic_rl.py"] = code["agentic_rl.py"][:start] + code["agentic_rl.py"][end:]  # the hints state the formulas
+    everything = "\n".join(normalized(line) for lines in code.values() for line in lines
+                           if "raise NotImplementedError(" not in line)          # and so do the stubs
+    for name in ("agentic_rl.py", "envs.py"):
+        reference = (REPO / name).read_text()
+        ref_lines, out_lines = reference.splitlines(), handout[name].splitlines()
+        compile(handout[name], name, "exec")                                  # the handout parses
+        assert A.solution_regions(handout[name], name) == {}, "no solution marker is left"
+        rebuilt, regions = list(out_lines), A.solution_regions(reference, name)
+        for ex, (first, last) in sorted(regions.items(), key=lambda r: -r[1][0]):
+            at = next(i for i, line in enumerate(rebuilt) if line.strip() == f"# TODO({ex}): replace this raise with your implementation")
+            rebuilt[at:at + 2] = ref_lines[first:last + 1]
+            for line in ref_lines[first + 1:last]:                            # no solution line survives anywhere
+                if len(normalized(line)) >= 14 and not normalized(line).startswith(("with ", "for ")):  # not loop heads
+                    assert normalized(line) not in everything, f"{ex}: solution line leaked: {line.strip()}"
+        assert rebuilt == ref_lines, f"{name}: filling every blank must give back the reference exactly"
+    tells = (("clamp(1 - ", "clip"), ("d.exp() ", "- d"), ("gamma * lam ", "* run"), ("r[k] + ", "gamma"))
+    for tell in ("".join(pieces) for pieces in tells):                    # joined here, so this file does not match
+        assert tell not in everything, f"tell-tale solution expression in the handout: {tell}"
+    assert (out / ".ci" / "run").stat().st_mode & 0o111, "the CI script stays executable"
+    again = subprocess.run([sys.executable, "agentic_rl.py", "homework", "--out", str(tmp_path / "h2")],
+                           cwd=out, capture_output=True, text=True)
+    assert again.returncode == 1 and "no solution regions found" in again.stderr
+    for bad, match in [(dict(out=out), "not empty"), (dict(out=REPO / "in-place"), "outside"),
+                       (dict(out=tmp_path / "o", only=["nope"]), "unknown exercise")]:
+        with pytest.raises(ValueError, match=match):
+            A.write_handout(**bad)
+
+
+def test_edited_tests_patched_checks_endless_loops_and_hard_coded_answers_do_not_pass(tmp_path, monkeypatch):
+    out = tmp_path / "handout"
+    A.write_handout(out, only=["returns", "gae", "sign_test"])
+    seen, real = {}, A.discounted_returns                        # a student who copies the visible checks' answers
+
+    def spy(rewards, gamma):
+        seen[repr((rewards, gamma))] = real(rewards, gamma).tolist()
+        return real(rewards, gamma)
+    monkeypatch.setattr(A, "discounted_returns", spy)
+    for ex, _, fn, hidden in HOMEWORK:
+        if ex == "returns" and not hidden:
+            fn(A)
+    monkeypatch.undo()
+    fill(out / "agentic_rl.py", "returns", [f"return torch.tensor({seen!r}.get(repr((rewards, gamma)), [0.0] * len(r)))"])
+    fill(out / "agentic_rl.py", "gae", ["while True:", "    pass"])
+    with open(out / "agentic_rl.py", "a") as f:                    # patching the checks from inside the student's file
+        f.write("\nimport builtins, pytest\npytest.approx = lambda *a, **k: True\n"
+                "builtins.AssertionError = type('Never', (Exception,), {})\n")
+    (out / "test_agentic_rl.py").write_text("HOMEWORK, EXPERIMENT_CHECKS = [], []\n")
+    (out / "conftest.py").write_text("def pytest_runtest_makereport(item, call):\n    call.excinfo = None\n")
+    t = __import__("time").time()
+    report = A.grade(out, only=["returns", "gae", "sign_test", "promotion"], time_limit=4)
+    status = {ex: [(c["hidden"], c["status"]) for c in row["checks"]] for ex, row in report.items()}
+    assert all(s == "passed" for hidden, s in status["returns"] if not hidden), status["returns"]
+    assert any(s == "wrong" for hidden, s in status["returns"] if hidden), "a hard-coded answer must fail a hidden check"
+    assert {s for _, s in status["gae"]} == {"time limit"} and __import__("time").time() - t < 40
+    assert {s for _, s in status["sign_test"]} == {"not started"}
+    assert {s for _, s in status["promotion"]} == {"passed"}, "promotion is graded with the reference sign_test_p"
+
+
+def test_a_submission_that_does_not_import_is_reported_per_exercise(tmp_path):
+    out = tmp_path / "handout"
+    A.write_handout(out, only=["kl_k3"])
+    with open(out / "agentic_rl.py", "a") as f:
+        f.write("\nraise SystemExit(3)\n")
+    report = A.grade(out, only=["kl_k3", "sign_test"])
+    assert all(c["status"] == "crashes" and "does not import" in c["message"]
+               for row in report.values() for c in row["checks"]), report
+    (out / "envs.py").write_text("def broken(:\n")
+    report = A.grade(out, only=["sign_test"])
+    assert all("SyntaxError" in c["message"] for c in report["sign_test"]["checks"])
+
+
+def test_the_autograder_bundle_grades_the_reference_fully_and_a_fresh_handout_at_zero(tmp_path):
+    import zipfile
+    bundle = tmp_path / "autograder.zip"
+    A.write_autograder(bundle, silent_bug="ratio_always_one")
+    with zipfile.ZipFile(bundle) as z:
+        names = set(z.namelist())
+        assert {"setup.sh", "run_autograder", "agentic_rl.py", "envs.py", "test_agentic_rl.py", "requirements.txt",
+                "silent_bug.txt"} == names
+        assert z.getinfo("run_autograder").external_attr >> 16 & 0o111 and "/autograder/results/results.json" in \
+            z.read("run_autograder").decode()
+        assert "BEGIN GRADER ONLY" in z.read("test_agentic_rl.py").decode(), "the bundle keeps the hidden checks"
+        z.extractall(tmp_path / "source")
+    reference, handout = tmp_path / "reference", tmp_path / "handout"
+    reference.mkdir()
+    for name in ("agentic_rl.py", "envs.py"):
+        __import__("shutil").copy(REPO / name, reference / name)
+    (reference / "answers.json").write_text(json.dumps(REFERENCE_ANSWERS))
+    A.write_handout(handout)
+    scores = {}
+    for name, submission in (("reference", reference), ("handout", handout)):
+        done = subprocess.run([sys.executable, "agentic_rl.py", "grade", str(submission), "--json",
+                               str(tmp_path / f"{name}.json")], cwd=tmp_path / "source", capture_output=True, text=True)
+        scores[name] = json.loads((tmp_path / f"{name}.json").read_text())
+        assert done.returncode == (0 if name == "reference" else 1), done.stdout[-2000:] + done.stderr[-2000:]
+    total = sum(points for points, _ in A.EXERCISES.values()) + sum(A.EXPERIMENTS.values())
+    assert scores["reference"]["score"] == pytest.approx(total) and scores["handout"]["score"] == 0
+# END GRADER ONLY
