@@ -2,33 +2,31 @@
 
 00 · Scope
 ----------
-A tiny GPT policy acts in multi-turn, partially observable text environments (`envs.py`: flight
-booking by default, code repair, a vault). Each turn it writes a tool call as tokens; a host gate
-*outside* the model validates and authorizes it; the environment executes it and answers with an
-observation; until the episode is `terminated` (an end state) or `truncated` (turn budget). Training
-turns whole trajectories into token-level updates. The file follows the course chapter section by
-section (the README maps each section to functions and tests):
-
-    01 · Environment & trajectory contract   Tokenizer, Turn/Episode records, HostGate, rollout
-    02 · Gradient masks                      pack(): tokens, action_mask, old_logprobs (B, T)
-    03 · Credit assignment                   discounted_returns, gae, group_advantages, step_group_advantages
-    04 · Objectives                          ppo_clip_loss, kl_k3, dpo_loss, sft_loss
-    05 · Training system                     GPT, TrajectoryStore, warm start, learn (every route), collect,
-                                             async actor, torchrun/DDP, resume, checkpoints, monitors
-    07 · Evaluation & promotion              report card (independent evaluator), release gates, train
-    CLI                                      examples, show, play, compare, bench, homework, grade
+A tiny GPT policy acts in multi-turn, partially observable text environments (envs.py: flight
+booking by default, code repair, a vault, and a three-leg trip as the long task). Each turn it
+writes a tool call as tokens; a host gate outside the model validates and authorizes it; the
+environment executes it and answers with an observation that ends with the turns left; until the
+episode is terminated (an end state) or truncated (a cut, named in the record). Training turns whole
+trajectories into token-level updates; held-out tasks and release gates decide whether the new
+policy is promoted.
 
 Agentic RL here means online multi-turn interaction: the policy's actions change an environment that
 answers with new observations. Single-turn verifiable-reward RL and learning from a fixed pool of
-preferred trajectories share parts with it (`rs_sft` and `dpo` run online here, on the same tasks, to
-be compared) but not its training contract. Out, on purpose: pretrained language models (the
-vocabulary is closed, one word = one token), learned reward models (the verifiers are rules).
+preferred trajectories share parts with it (rs_sft and dpo run online here, on the same tasks, to be
+compared) but not its training contract. Left out on purpose: pretrained language models (the
+vocabulary is closed, one word = one token) and learned reward models (the verifiers are rules).
+
+The file is a reader's path in three parts:
+    Part I   · the loop     01 contracts, 02 masks, 03 credit, 04 objectives, 05 policy and learner,
+                            07 evaluation and release gates, then train(): readable on its own
+    Part II  · the system   validation, devices and torchrun, the async actor, checkpoints and run
+                            directories, resume, monitors: what train() leans on
+    Part III · the tools    examples, show, play, compare, bench, homework and grade, the CLI
 
 Run:
     python agentic_rl.py                 # the demo: examples, warm start, GRPO, report card, release gates
     python agentic_rl.py examples        # the chapter's worked examples, by the real functions
     python agentic_rl.py train --help    # every Config field is a flag
-    python agentic_rl.py compare         # every route from the same warm start
     python -m pytest -q test_agentic_rl.py
 
 Shapes: B episodes in a batch, G group size, K turns, T tokens, V vocabulary, D model width.
@@ -36,6 +34,7 @@ Shapes: B episodes in a batch, G group size, K turns, T tokens, V vocabulary, D 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import functools
 import hashlib
@@ -66,6 +65,11 @@ from tqdm import tqdm
 import envs
 
 
+# ################################################################################################
+# PART I · THE LOOP
+# Everything one training iteration and its verdict need, in the chapter's order (01 to 07),
+# ending in train(). Read this part alone first; Parts II and III can wait.
+# ################################################################################################
 @dataclass
 class Config:
     env: str = envs.ENV_ID                # gymnasium id: FlightBooking-v0, CodeRepair-v0 or Vault-v0 (AgenticRL/...)
@@ -127,74 +131,6 @@ class Config:
 
 
 PPO_CREDITS = ("grpo", "stepgroup", "gae", "reinforce")
-SFT_EPOCHS = {envs.FLIGHT_ID: 4, envs.CODE_ID: 8, envs.VAULT_ID: 4}  # sft_epochs 0: copying line, op and constant
-                                                                    # in a code edit takes longer to learn
-CHOICES = {"env": envs.ENV_IDS, "algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_std": ("population", "unbiased", "none"),
-           "device": ("auto", "cpu", "cuda", "mps"), "code_verifier": ("state", "visible_tests"),
-           "deny_credit": ("shared", "nonpositive"), "trajectory_view": ("concat", "per_call")}
-ONLY_FOR = {"injection_rate": ("env", (envs.FLIGHT_ID,)), "code_verifier": ("env", (envs.CODE_ID,)),  # meaningful only there
-            "code_bugs": ("env", (envs.CODE_ID,)), "legs": ("env", (envs.FLIGHT_ID,)),
-            "bootstrap_budget": ("algo", ("gae", "reinforce")), "lam": ("algo", ("gae",)),
-            "trajectory_view": ("algo", PPO_CREDITS),
-            "vf_coef": ("algo", ("gae", "reinforce")), "gamma": ("algo", ("gae", "reinforce", "stepgroup")),
-            "clip_eps": ("algo", PPO_CREDITS), "adv_std": ("algo", ("grpo", "stepgroup")),
-            "deny_credit": ("algo", PPO_CREDITS), "kl_coef": ("algo", PPO_CREDITS),
-            "process_coef": ("algo", PPO_CREDITS), "dpo_beta": ("algo", ("dpo",))}
-RANGES = {"seed": (0, 2**32 - 1), "eval_seed": (0, 2**32 - 1), "max_turns": (0, envs.MAX_TURNS), "n_layer": (1, 48),
-          "n_head": (1, 64), "n_embd": (2, 4096), "block_size": (32, 4096), "max_action_tokens": (5, 64),
-          "warm_start_episodes": (0, 10**6), "sft_epochs": (0, 1000), "sft_batch_size": (1, 10**4),
-          "iterations": (0, 10**5), "tasks_per_iter": (1, 10**4), "group_size": (2, 1024), "ppo_epochs": (1, 100),
-          "minibatch_size": (1, 10**5), "eval_episodes": (1, 5000), "max_staleness": (0, 100), "pass_k": (1, 16),
-          "pass_k_tasks": (1, 5000), "eval_every": (0, 10**5), "code_bugs": (1, 3), "tool_latency_ms": (0, 60_000),
-          "legs": (1, 4), "time_limit": (0, envs.MAX_TURNS)}  # [low, high]
-
-
-def validate_config(cfg: Config) -> Config:
-    """Refuse a bad setting up front, naming the field, instead of failing deep inside torch or after
-    the warm start."""
-    for f in fields(Config):
-        value = getattr(cfg, f.name)
-        kind = (int, float) if isinstance(f.default, float) else type(f.default)
-        if not isinstance(value, kind) or isinstance(value, bool) != isinstance(f.default, bool) or \
-                (isinstance(value, float) and not math.isfinite(value)):
-            raise ValueError(f"{f.name}={value!r}: must be a finite {type(f.default).__name__}")
-    for name, allowed in CHOICES.items():
-        if getattr(cfg, name) not in allowed:
-            raise ValueError(f"{name}={getattr(cfg, name)!r}: use one of {', '.join(allowed)}")
-    for name, (low, high) in RANGES.items():
-        if not low <= getattr(cfg, name) <= high:
-            raise ValueError(f"{name}={getattr(cfg, name)}: must be in [{low}, {high}]")
-    if cfg.n_embd % cfg.n_head or (cfg.n_embd // cfg.n_head) % 2:
-        raise ValueError(f"n_embd={cfg.n_embd}, n_head={cfg.n_head}: the head size n_embd/n_head must be an even integer")
-    if 12 * cfg.n_layer * cfg.n_embd ** 2 > 2e8:
-        raise ValueError(f"n_layer={cfg.n_layer}, n_embd={cfg.n_embd}: about {12 * cfg.n_layer * cfg.n_embd ** 2 / 1e6:.0f}M "
-                         "parameters; the policies here are tiny (under 200M): lower --n-embd or --n-layer")
-    if cfg.max_action_tokens > cfg.block_size // 4:
-        raise ValueError(f"max_action_tokens={cfg.max_action_tokens}: at most block_size / 4 = {cfg.block_size // 4}, "
-                         "so observations still fit; raise --block-size")
-    least = max(2 * (env_class(cfg.env).max_obs_words + 2) + cfg.max_action_tokens, 160 * cfg.legs * (cfg.legs > 1))
-    if cfg.block_size < least:
-        raise ValueError(f"block_size={cfg.block_size}: {cfg.env}{f' with {cfg.legs} legs' if cfg.legs > 1 else ''} "
-                         f"needs --block-size {least} or more")
-    for name in ("sft_lr", "lr", "max_grad_norm", "dpo_beta"):
-        if not getattr(cfg, name) > 0:
-            raise ValueError(f"{name}={getattr(cfg, name)}: must be > 0")
-    for name in ("demo_habit", "gamma", "lam", "injection_rate"):
-        _unit_interval(getattr(cfg, name), name)
-    if not 0 < cfg.clip_eps < 1:
-        raise ValueError(f"clip_eps={cfg.clip_eps}: must be in (0, 1)")
-    for name in ("kl_coef", "vf_coef", "process_coef", "sft_weight_decay"):
-        if getattr(cfg, name) < 0:
-            raise ValueError(f"{name}={getattr(cfg, name)}: must be >= 0")
-    for name, (key, needed) in ONLY_FOR.items():  # a setting that would silently do nothing is an error
-        if getattr(cfg, name) != getattr(Config, name) and getattr(cfg, key) not in needed:
-            raise ValueError(f"{name}={getattr(cfg, name)}: only used with {key} in {'/'.join(needed)}; drop it or "
-                             f"change --{key.replace('_', '-')}")
-    if cfg.async_rollout and cfg.max_staleness < 1:
-        raise ValueError("async_rollout: the actor samples with policy v-1, so max_staleness must be >= 1 (--max-staleness 1)")
-    if cfg.max_turns == 1:
-        raise ValueError(f"max_turns={cfg.max_turns}: must be 0 (the environment's own) or >= 2")
-    return cfg
 
 
 # ================================================================================================
@@ -668,12 +604,6 @@ def group_advantages(rewards, std="population", eps=1e-6) -> torch.Tensor:
     # END SOLUTION grpo
 
 
-def zero_std_groups(rewards) -> int:
-    """How many groups (rows) have all-equal rewards, hence no learning signal."""
-    r = _vector(rewards, "rewards", ndim=2)
-    return int((r == r[:, :1]).all(-1).sum())
-
-
 def step_group_advantages(state_keys, step_returns, std="population", eps=1e-6) -> torch.Tensor:
     """The chapter's step-level advantage A_t = R - R̄(s_t), with R̄(s_t) estimated without a critic:
     within one task's group, turns taken in the same state (the same observation history, `state_keys`)
@@ -697,6 +627,91 @@ def broadcast_to_tokens(advantages, turn_id):
     adv = advantages[:, None].expand(-1, max(1, int(turn_id.max()) + 1)) if advantages.dim() == 1 else advantages
     on_action = turn_id >= 0
     return torch.where(on_action, adv.gather(1, turn_id.clamp(min=0)), torch.zeros((), device=adv.device))  # (B, T)
+
+
+def turn_rewards(ep: Episode, cfg: Config) -> list:
+    """The training signal per turn: the outcome reward plus process_coef x the step verifier's reward."""
+    return [t.reward + cfg.process_coef * t.process_reward for t in ep.turns]
+
+
+def state_key(ep: Episode, k: int) -> tuple:
+    """What the policy had seen before its k-th action: every earlier observation and action, and the
+    current observation. Within one task (a deterministic environment) equal keys mean the same state."""
+    return tuple(x for t in ep.turns[:k] for x in t.obs_tokens + t.action_tokens) + tuple(ep.turns[k].obs_tokens)
+
+
+def group_credit(episodes, cfg: Config) -> tuple:
+    """grpo: A = R(τ) normalised within its task's group (Episode.group_id, never positions in the
+    batch), the same number on every turn: which trajectory was better, not which step. Returns
+    (advantages (B, K), how many groups had all-equal rewards and so no signal)."""
+    K = max(len(ep.turns) for ep in episodes)
+    totals, group_of = torch.tensor([sum(turn_rewards(ep, cfg)) for ep in episodes]), [ep.group_id for ep in episodes]
+    adv, n_zero = torch.zeros(len(episodes), K), 0
+    for g in dict.fromkeys(group_of):
+        members = [b for b, of in enumerate(group_of) if of == g]
+        n_zero += int((totals[members] == totals[members[0]]).all())
+        adv[members] = group_advantages(totals[members], std=cfg.adv_std)[:, None]      # A^E on every turn
+    return adv, n_zero
+
+
+def step_credit(episodes, cfg: Config) -> torch.Tensor:
+    """stepgroup's step term A^S(s_t), (B, K): within each task's group, turns taken in the same state
+    (state_key) are compared by their discounted return from there (step_group_advantages). Where no
+    state repeats it is 0. Added to grpo's A with weight 1, as GiGPO does, so the outcome signal stays
+    whole and the step term only redistributes credit among turns that shared a state."""
+    K = max(len(ep.turns) for ep in episodes)
+    out = torch.zeros(len(episodes), K)
+    for g in dict.fromkeys(ep.group_id for ep in episodes):
+        turns = [(b, k) for b, ep in enumerate(episodes) if ep.group_id == g for k in range(len(ep.turns))]
+        step_returns = torch.cat([discounted_returns(turn_rewards(episodes[b], cfg), cfg.gamma)
+                                  for b in dict.fromkeys(b for b, _ in turns)])
+        a_s = step_group_advantages([state_key(episodes[b], k) for b, k in turns], step_returns, cfg.adv_std)
+        for (b, k), x in zip(turns, a_s):
+            out[b, k] = x
+    return out
+
+
+def critic_credit(batch, episodes, policy, cfg: Config) -> tuple:
+    """gae and reinforce: the value head V(s_k), read at each turn's <act> (the state before the action),
+    gives per-turn GAE advantages; reinforce is GAE with lam = 1 (A_k = G_k - V(s_k)). V after the last
+    turn follows value_after: 0 after an end state or the task's own budget, V(s_K) read at the final
+    observation's <act> after a cut from outside the task. Returns (advantages (B, K), normalised over
+    the batch; value targets (B, K); explained variance 1 - Var[G - V] / Var[G] over the real turns,
+    CleanRL's critic-health figure: near 1 the critic predicts the returns, <= 0 it explains nothing)."""
+    with torch.no_grad():
+        _, values = policy(batch["tokens"])                                  # (B, T)
+    values, decision_pos, last_pos = values.float().cpu(), batch["decision_pos"].cpu(), batch["last_pos"].cpu()
+    adv, returns, predicted = (torch.zeros_like(batch["turn_mask"].cpu()) for _ in range(3))
+    lam = 1.0 if cfg.algo == "reinforce" else cfg.lam
+    for b, ep in enumerate(episodes):
+        k = len(ep.turns)
+        predicted[b, :k] = values[b, decision_pos[b, :k]]                   # V(s_k) at each <act>, (k,)
+        adv[b, :k], returns[b, :k] = gae(turn_rewards(ep, cfg), predicted[b, :k], values[b, last_pos[b]],
+                                         value_after(ep, cfg.bootstrap_budget), cfg.gamma, lam)
+    real = batch["turn_mask"].cpu().bool()
+    spread = returns[real].var(unbiased=False)
+    explained = float(1 - (returns[real] - predicted[real]).var(unbiased=False) / spread) if spread > 0 else None
+    adv = torch.where(real, (adv - adv[real].mean()) / (adv[real].std() + 1e-8), 0.0)  # batch-normalised
+    return adv, returns.to(batch["tokens"].device), explained
+
+
+def advantages_for(batch, episodes, policy, cfg: Config):
+    """The chosen credit: per-turn advantages (B, K), value targets (B, K) or None, and its monitors."""
+    if cfg.algo in ("grpo", "stepgroup"):
+        adv, n_zero = group_credit(episodes, cfg)
+        if cfg.algo == "stepgroup":
+            adv = adv + step_credit(episodes, cfg)
+        return adv, None, {"zero_std_groups": n_zero, "explained_variance": None}
+    adv, returns, explained = critic_credit(batch, episodes, policy, cfg)
+    return adv, returns, {"zero_std_groups": None, "explained_variance": explained}
+
+
+def denied_turns(episodes, K: int) -> torch.Tensor:
+    """(B, K) True where the host gate denied the turn's action."""
+    out = torch.zeros(len(episodes), K, dtype=torch.bool)
+    for b, ep in enumerate(episodes):
+        out[b, :len(ep.turns)] = torch.tensor([not t.gate_allowed for t in ep.turns])
+    return out
 
 
 # ================================================================================================
@@ -762,44 +777,8 @@ def sft_loss(logprobs, mask) -> torch.Tensor:
     return -(logprobs * mask).sum() / mask.sum().clamp(min=1)
 
 
-def worked_examples() -> dict:
-    """The chapter's three hand calculations, computed by the functions training uses."""
-    tok = make_tokenizer(envs.FLIGHT_ID)
-    filler = [tok.stoi["flight"]]
-    # 180 tokens: 120 from the task and tool observations (context), 60 generated by the policy
-    ep = Episode("example", 0, envs.FLIGHT_ID, "example", "example", 0, "train", 0, 0)
-    for _ in range(4):  # 4 turns x (30 observation tokens + 15 action tokens)
-        ep.turns.append(Turn("", [tok.obs] + filler * 28 + [tok.act], filler * 14 + [tok.eoa], [0.0] * 15, "",
-                             0, True, "ok", {}, 0.0, 0.0, False, False, False))
-    batch = pack([ep], tok, block_size=180)
-    return {"mask_tokens": int(batch["tokens"].shape[1]), "mask_sum": int(batch["action_mask"].sum()),
-            "returns": [round(x, 6) for x in discounted_returns([0, 0, 0, 1], gamma=0.9).tolist()],
-            "grpo_advantages": [round(x, 6) for x in group_advantages([1, 0, 0, 1]).tolist()],
-            "step_credit": worked_group()}
-
-
-def worked_group() -> list:
-    """A flight group (task 511821: the cheapest morning flight, F4, is sold out; F1 has seats): four
-    episodes share `search` and `filter`, then check seats or book blind. Per turn: the action and its
-    advantage under grpo and under stepgroup (gamma 1), computed by advantages_for as in training."""
-    cfg, tok = Config(injection_rate=0.0), make_tokenizer(envs.FLIGHT_ID)
-    head, seats_then_f1 = ["search PAR ATH", "filter morning"], ["seats F4", "seats F1", "book F1 chen business"]
-    plans = [head + seats_then_f1, head + ["book F4 chen business"], head + ["seats F4", "book F4 chen business"],
-             head + seats_then_f1]
-    episodes = []
-    for i, plan in enumerate(plans):
-        env = make_env(cfg)
-        obs, info = env.reset(seed=0, options={"task_id": 511821})
-        ep = Episode(f"worked-{i}", 511821, cfg.env, "", "", 0, "train", 0, 0)
-        episodes.append(scripted_episode(env, ep, obs, lambda _obs, plan=iter(plan): next(plan), tok, version=0))
-    batch = pack(episodes, tok, cfg.block_size)
-    credit = {algo: advantages_for(batch, episodes, None, replace(cfg, algo=algo))[0] for algo in ("grpo", "stepgroup")}
-    return [[(t.action_text, round(float(credit["grpo"][b, k]), 3), round(float(credit["stepgroup"][b, k]), 3))
-             for k, t in enumerate(ep.turns)] for b, ep in enumerate(episodes)]
-
-
 # ================================================================================================
-# 05 · Training system
+# 05 · Training system: the policy, the trajectory store, the warm start, the learner
 # ================================================================================================
 def rotary(positions, head_dim: int):
     """Rotary position embedding (RoPE) angles, computed once per forward: pair i of q/k turns by
@@ -894,6 +873,17 @@ class GPT(nn.Module):
         return self.lm_head(x), self.value_head(x).squeeze(-1)              # (B, T, V), (B, T)
 
 
+def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
+    return GPT(vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd).to(device)
+
+
+def seed_everything(seed: int):
+    """The one place where randomness is seeded."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split",
                    "policy_version")
 
@@ -978,33 +968,6 @@ class TrajectoryStore:
         return out
 
 
-def seed_everything(seed: int):
-    """The one place where randomness is seeded."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"device={name!r}: use auto, cpu, cuda or mps")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but torch sees no CUDA GPU; use --device auto or cpu")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device='mps' but MPS is not available; use --device auto or cpu")
-    return torch.device(name)
-
-
-def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
-    return GPT(vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd).to(device)
-
-
 def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> list:
     """Scripted demonstrator episodes on the train split, through the same host gate. SFT data is a
     separate recipe: these are not policy samples, so they carry no log-probs and never enter the store."""
@@ -1033,6 +996,10 @@ def scripted_episode(env, ep: Episode, obs: str, act, tok: Tokenizer, version: i
         obs, done = next_obs, terminated or truncated
     ep.final_obs_tokens = tok.encode_observation(obs)
     return ep
+
+
+SFT_EPOCHS = {envs.FLIGHT_ID: 4, envs.CODE_ID: 8, envs.VAULT_ID: 4}  # sft_epochs 0: copying line, op and constant
+                                                                    # in a code edit takes longer to learn
 
 
 def sft_lr_at(step: int, steps: int, peak: float) -> float:
@@ -1074,91 +1041,6 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     bar.close()
     return {"demo_success": float(np.mean([ep.reward for ep in demos])), "sft_loss": float(np.mean(losses[-10:])),
             "epochs": epochs}
-
-
-def turn_rewards(ep: Episode, cfg: Config) -> list:
-    """The training signal per turn: the outcome reward plus process_coef x the step verifier's reward."""
-    return [t.reward + cfg.process_coef * t.process_reward for t in ep.turns]
-
-
-def state_key(ep: Episode, k: int) -> tuple:
-    """What the policy had seen before its k-th action: every earlier observation and action, and the
-    current observation. Within one task (a deterministic environment) equal keys mean the same state."""
-    return tuple(x for t in ep.turns[:k] for x in t.obs_tokens + t.action_tokens) + tuple(ep.turns[k].obs_tokens)
-
-
-def group_credit(episodes, cfg: Config) -> tuple:
-    """grpo: A = R(τ) normalised within its task's group (Episode.group_id, never positions in the
-    batch), the same number on every turn: which trajectory was better, not which step. Returns
-    (advantages (B, K), how many groups had all-equal rewards and so no signal)."""
-    K = max(len(ep.turns) for ep in episodes)
-    totals, group_of = torch.tensor([sum(turn_rewards(ep, cfg)) for ep in episodes]), [ep.group_id for ep in episodes]
-    adv, n_zero = torch.zeros(len(episodes), K), 0
-    for g in dict.fromkeys(group_of):
-        members = [b for b, of in enumerate(group_of) if of == g]
-        n_zero += int((totals[members] == totals[members[0]]).all())
-        adv[members] = group_advantages(totals[members], std=cfg.adv_std)[:, None]      # A^E on every turn
-    return adv, n_zero
-
-
-def step_credit(episodes, cfg: Config) -> torch.Tensor:
-    """stepgroup's step term A^S(s_t), (B, K): within each task's group, turns taken in the same state
-    (state_key) are compared by their discounted return from there (step_group_advantages). Where no
-    state repeats it is 0. Added to grpo's A with weight 1, as GiGPO does, so the outcome signal stays
-    whole and the step term only redistributes credit among turns that shared a state."""
-    K = max(len(ep.turns) for ep in episodes)
-    out = torch.zeros(len(episodes), K)
-    for g in dict.fromkeys(ep.group_id for ep in episodes):
-        turns = [(b, k) for b, ep in enumerate(episodes) if ep.group_id == g for k in range(len(ep.turns))]
-        step_returns = torch.cat([discounted_returns(turn_rewards(episodes[b], cfg), cfg.gamma)
-                                  for b in dict.fromkeys(b for b, _ in turns)])
-        a_s = step_group_advantages([state_key(episodes[b], k) for b, k in turns], step_returns, cfg.adv_std)
-        for (b, k), x in zip(turns, a_s):
-            out[b, k] = x
-    return out
-
-
-def critic_credit(batch, episodes, policy, cfg: Config) -> tuple:
-    """gae and reinforce: the value head V(s_k), read at each turn's <act> (the state before the action),
-    gives per-turn GAE advantages; reinforce is GAE with lam = 1 (A_k = G_k - V(s_k)). V after the last
-    turn follows value_after: 0 after an end state or the task's own budget, V(s_K) read at the final
-    observation's <act> after a cut from outside the task. Returns (advantages (B, K), normalised over
-    the batch; value targets (B, K); explained variance 1 - Var[G - V] / Var[G] over the real turns,
-    CleanRL's critic-health figure: near 1 the critic predicts the returns, <= 0 it explains nothing)."""
-    with torch.no_grad():
-        _, values = policy(batch["tokens"])                                  # (B, T)
-    values, decision_pos, last_pos = values.float().cpu(), batch["decision_pos"].cpu(), batch["last_pos"].cpu()
-    adv, returns, predicted = (torch.zeros_like(batch["turn_mask"].cpu()) for _ in range(3))
-    lam = 1.0 if cfg.algo == "reinforce" else cfg.lam
-    for b, ep in enumerate(episodes):
-        k = len(ep.turns)
-        predicted[b, :k] = values[b, decision_pos[b, :k]]                   # V(s_k) at each <act>, (k,)
-        adv[b, :k], returns[b, :k] = gae(turn_rewards(ep, cfg), predicted[b, :k], values[b, last_pos[b]],
-                                         value_after(ep, cfg.bootstrap_budget), cfg.gamma, lam)
-    real = batch["turn_mask"].cpu().bool()
-    spread = returns[real].var(unbiased=False)
-    explained = float(1 - (returns[real] - predicted[real]).var(unbiased=False) / spread) if spread > 0 else None
-    adv = torch.where(real, (adv - adv[real].mean()) / (adv[real].std() + 1e-8), 0.0)  # batch-normalised
-    return adv, returns.to(batch["tokens"].device), explained
-
-
-def advantages_for(batch, episodes, policy, cfg: Config):
-    """The chosen credit: per-turn advantages (B, K), value targets (B, K) or None, and its monitors."""
-    if cfg.algo in ("grpo", "stepgroup"):
-        adv, n_zero = group_credit(episodes, cfg)
-        if cfg.algo == "stepgroup":
-            adv = adv + step_credit(episodes, cfg)
-        return adv, None, {"zero_std_groups": n_zero, "explained_variance": None}
-    adv, returns, explained = critic_credit(batch, episodes, policy, cfg)
-    return adv, returns, {"zero_std_groups": None, "explained_variance": explained}
-
-
-def denied_turns(episodes, K: int) -> torch.Tensor:
-    """(B, K) True where the host gate denied the turn's action."""
-    out = torch.zeros(len(episodes), K, dtype=torch.bool)
-    for b, ep in enumerate(episodes):
-        out[b, :len(ep.turns)] = torch.tensor([not t.gate_allowed for t in ep.turns])
-    return out
 
 
 class GradMonitor:
@@ -1331,280 +1213,6 @@ def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 
     return episodes
 
 
-CHECKPOINT_FORMAT = "agentic-rl-checkpoint-2"
-
-
-def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
-    """Only tensors, numbers, strings, lists and dicts, so it loads with weights_only=True (no pickled
-    code); with the format, environment and vocabulary that a loader checks. Written atomically."""
-    cls = env_class(cfg.env)
-    atomic_write(path, lambda f: torch.save({
-        "format": CHECKPOINT_FORMAT, "env_id": cfg.env, "env_version": cls.env_version,
-        "reward_version": cls.reward_version, "vocab": tok.itos, "config": asdict(cfg),
-        "policy_version": policy_version, "model": policy.state_dict()}, f))
-
-
-def load_trusted(path, what: str) -> dict:
-    """torch.load with weights_only=True (never runs pickled code); any failure becomes a clear refusal."""
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # an unpickling error, a truncated or empty file, ...: refuse, never execute
-        first = (str(e).splitlines() or [""])[0][:200]
-        raise ValueError(f"{what}: not a file this version can load safely ({type(e).__name__}: {first})") from None
-    if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{what}: format {data.get('format') if isinstance(data, dict) else None!r}, expected "
-                         f"{CHECKPOINT_FORMAT!r}; it was written by another version")
-    return data
-
-
-def saved_config(data: dict, what: str) -> Config:
-    """The Config stored in a checkpoint or state file: every field present, nothing unknown, all valid."""
-    saved, names = data.get("config"), {f.name for f in fields(Config)}
-    if not isinstance(saved, dict) or set(saved) != names:
-        missing, unknown = sorted(names - set(saved or {})), sorted(set(saved or {}) - names)
-        raise ValueError(f"{what}: its config lacks {missing} / has unknown {unknown}; it is from another version")
-    return validate_config(Config(**saved))
-
-
-def load_policy_weights(policy, weights, what: str):
-    try:
-        policy.load_state_dict(weights)
-    except (RuntimeError, TypeError, KeyError, AttributeError) as e:
-        raise ValueError(f"{what}: its weights do not fit its config ({(str(e).splitlines() or [''])[0][:200]})") from None
-    if not all(torch.isfinite(p).all() for p in policy.state_dict().values()):
-        raise ValueError(f"{what}: its weights contain NaN or inf")
-
-
-def load_checkpoint(path, device):
-    """Refuses, with the reason, anything it cannot trust: a pickled payload (weights_only=True never
-    runs code), another format, an environment or vocabulary this version does not have, weights that
-    do not match the config or are not finite."""
-    what = f"--ckpt {path}"
-    if not Path(path).is_file():
-        raise ValueError(f"{what}: no such file; train first (python agentic_rl.py train)")
-    ckpt = load_trusted(path, what)
-    cfg = saved_config(ckpt, what)
-    if ckpt.get("env_id") != cfg.env:
-        raise ValueError(f"{what}: it names environment {ckpt.get('env_id')!r} but its config says {cfg.env!r}")
-    cls = env_class(cfg.env)
-    if (ckpt.get("env_version"), ckpt.get("reward_version")) != (cls.env_version, cls.reward_version):
-        raise ValueError(f"{what}: trained on {cfg.env} {ckpt.get('env_version')}/{ckpt.get('reward_version')}, "
-                         f"this version has {cls.env_version}/{cls.reward_version}; retrain it")
-    if ckpt.get("vocab") != make_tokenizer(cfg.env).itos:
-        raise ValueError(f"{what}: its vocabulary differs from {cfg.env}'s; retrain it with this version")
-    if not isinstance(ckpt.get("policy_version"), int):
-        raise ValueError(f"{what}: policy_version {ckpt.get('policy_version')!r} is not an int")
-    tok = Tokenizer(ckpt["vocab"])
-    policy = make_policy(cfg, len(tok), device)
-    load_policy_weights(policy, ckpt.get("model"), what)
-    return policy, tok, cfg, ckpt["policy_version"]
-
-
-def atomic_write(path, write):
-    """Write to a temporary file beside `path`, then rename: a crash, a Ctrl-C or a full disk never
-    leaves a half-written checkpoint or summary where a good one was, nor a stray temporary file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def writable_dir(path, flag: str) -> Path:
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        atomic_write(Path(path) / ".write-check", lambda f: None)
-        (Path(path) / ".write-check").unlink()
-    except OSError as e:
-        raise ValueError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
-    return Path(path)
-
-
-RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt")
-
-
-def holds_a_run(run: Path) -> list:
-    return [name for name in RUN_FILES if (run / name).exists() or (run / (name + ".tmp")).exists()]
-
-
-def prepare_run_dir(cfg: Config) -> Path:
-    """A run directory holds one run. The default (run_dir "") is a new directory each time, numbered like
-    TensorBoard's versions: runs/flightbooking-grpo-s0, then runs/flightbooking-grpo-s0-2, ... An explicit run_dir that
-    holds another run is refused unless --overwrite, which deletes that run's files first, so a directory
-    never mixes two runs even if this one is interrupted."""
-    if cfg.run_dir:
-        run = Path(cfg.run_dir)
-    else:
-        stem = f"runs/{cfg.env.split('/')[-1].split('-')[0].lower()}-{cfg.algo}-s{cfg.seed}"
-        run = next(r for r in (Path(stem + (f"-{n}" if n > 1 else "")) for n in range(1, 10**6)) if not holds_a_run(r))
-    old = holds_a_run(run)
-    if old and not cfg.overwrite:
-        raise ValueError(f"run_dir={cfg.run_dir}: holds another run ({', '.join(old)}); pass --overwrite to "
-                         f"replace it or choose a new --run-dir")
-    try:
-        run.mkdir(parents=True, exist_ok=True)
-        for name in old:
-            for f in (name, name + ".tmp"):
-                (run / f).unlink(missing_ok=True)
-        atomic_write(run / "metrics.jsonl", lambda f: None)  # fail now, not after training, if it is not writable
-    except OSError as e:
-        raise ValueError(f"run_dir={run}: cannot write there ({e.strerror})") from None
-    return run
-
-
-def sync_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
-    """Synchronous rollout: each batch is sampled by the current policy (staleness 0), then learned."""
-    for it in range(start, cfg.iterations):
-        t = time.time()
-        yield collect(policy, tok, cfg, clock["version"], it, rank), time.time() - t
-
-
-def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
-    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1
-    while the learner trains on batch it - 1; a queue of one batch sits between them. Staleness is
-    exactly 1 by schedule (the store still checks it), and the actor samples with its own random
-    generator, so the run stays reproducible. Threads suffice: torch releases the GIL in its kernels
-    and a waiting tool call releases it too, which is where the overlap pays (tool_latency_ms). When the
-    learner stops (the end, an error, Ctrl-C), the actor is stopped and joined before anything exits."""
-    actor, out = copy.deepcopy(policy).eval(), queue.Queue(maxsize=1)
-    generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed * 7919 + rank)
-
-    def hand_over(item):
-        while not clock["stop"]:
-            try:
-                return out.put(item, timeout=0.1)
-            except queue.Full:
-                continue
-
-    def work():
-        try:
-            for it in range(start, cfg.iterations):
-                v = max(start, it - 1)
-                with clock["cond"]:
-                    clock["cond"].wait_for(lambda: v in clock["weights"] or clock["stop"])
-                    if clock["stop"]:
-                        return
-                    actor.load_state_dict(clock["weights"][v])
-                t = time.time()
-                hand_over((collect(actor, tok, cfg, v, it, rank, generator), time.time() - t))
-        except BaseException as e:  # hand the failure to the learner instead of dying silently
-            hand_over(e)
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    try:
-        for _ in range(start, cfg.iterations):
-            item = out.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        with clock["cond"]:
-            clock["stop"] = True
-            clock["cond"].notify_all()
-        thread.join()
-
-
-def publish(policy, clock: dict):
-    """The learner makes its new weights available to the actor (keeping the last two versions)."""
-    with clock["cond"]:
-        clock["weights"][clock["version"]] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-        clock["weights"].pop(clock["version"] - 2, None)
-        clock["cond"].notify_all()
-
-
-def rng_state() -> dict:
-    np_state = np.random.get_state()
-    return {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-            "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def set_rng_state(state: dict):
-    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
-    np.random.set_state((state["numpy"][0], np.array(state["numpy"][1], dtype=np.uint32), *state["numpy"][2:]))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def init_distributed(cfg: Config):
-    """Under torchrun (WORLD_SIZE > 1): join the process group, gloo on CPU, nccl on CUDA. Returns
-    (rank, world_size, device). Plain `python agentic_rl.py` is a world of one and needs none of it."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    device = resolve_device(cfg.device)
-    if world == 1:
-        return 0, 1, device
-    if cfg.async_rollout or cfg.resume or cfg.algo not in PPO_CREDITS:
-        raise ValueError("torchrun runs are synchronous PPO runs that start fresh: drop --async-rollout / --resume, "
-                         "and use a PPO credit (rs_sft and dpo take a data-dependent number of steps per rank)")
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return torch.distributed.get_rank(), world, device
-
-
-def weights_hash(policy) -> str:
-    """sha256 of every tensor's bytes, in state-dict order: equal only for identical weights."""
-    h = hashlib.sha256()
-    for name, t in policy.state_dict().items():
-        h.update(name.encode() + t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def save_run_state(run: Path, cfg, policy, optimizer, history, incumbent, warm, version, grads, store):
-    """state.pt after every iteration: all a resumed run needs to continue exactly (weights_only-safe)."""
-    atomic_write(run / "state.pt", lambda f: torch.save({
-        "format": CHECKPOINT_FORMAT, "config": asdict(cfg), "model": policy.state_dict(),
-        "optimizer": optimizer.state_dict(), "history": history, "incumbent": incumbent, "warm": warm,
-        "version": version, "grad_norms": list(grads.norms), "skipped_updates": grads.skipped,
-        "seen_ids": sorted(store.seen_ids), "rng": rng_state()}, f))
-
-
-STATE_KEYS = ("config", "model", "optimizer", "history", "incumbent", "warm", "version", "grad_norms",
-              "skipped_updates", "seen_ids", "rng")
-
-
-def load_run_state(run_dir: str) -> tuple:
-    """(state, its Config) of an interrupted run, or a clear refusal."""
-    path, what = Path(run_dir) / "state.pt", f"--resume {run_dir}"
-    if not path.is_file():
-        raise ValueError(f"{what}: no state.pt there; only a run started by this version can resume")
-    state = load_trusted(path, what)
-    missing = [k for k in STATE_KEYS if k not in state]
-    if missing:
-        raise ValueError(f"{what}: state.pt lacks {missing}; it cannot be resumed")
-    cfg = saved_config(state, what)
-    if cfg.async_rollout:
-        raise ValueError(f"{what}: asynchronous runs restart; they cannot be resumed")
-    if len(state["history"]) >= cfg.iterations:
-        raise ValueError(f"{what}: that run already finished its {cfg.iterations} iterations")
-    return state, cfg
-
-
-def log_line(it: int, m: dict) -> str:
-    keys = [("success", "{:.3f}"), ("turns", "{:.2f}"), ("clip_frac", "{:.3f}"), ("approx_kl", "{:.4f}"),
-            ("entropy", "{:.3f}"), ("zero_std_groups", "{}"), ("explained_variance", "{:.2f}"), ("kept", "{}"),
-            ("dpo_pairs", "{}"),
-            ("invalid_rate", "{:.3f}"), ("grad_norm", "{:.2f}"), ("staleness_max", "{}"), ("episodes_per_second", "{:.0f}")]
-    return f"iter {it:3d} | " + " | ".join(f"{k} {fmt.format(m[k])}" for k, fmt in keys if m.get(k) is not None)
-
-
-def learning_curve(values, width: int = 60, height: int = 6) -> str:
-    """A terminal plot of training success per iteration (sampled episodes, so noisier than holdout)."""
-    if not values:
-        return ""
-    cols = [float(np.mean(c)) for c in np.array_split(np.array(values), min(width, len(values)))]
-    lines = ["training success per iteration (sampled):"]
-    for h in range(height, 0, -1):
-        lines.append(f"{h / height:4.2f} |" + "".join("#" if v >= (h - 0.5) / height else " " for v in cols))
-    lines.append("     +" + "-" * len(cols) + f"  iterations 0..{len(values) - 1}")
-    return "\n".join(lines)
-
-
 # ================================================================================================
 # 07 · Evaluation & promotion
 # ================================================================================================
@@ -1752,6 +1360,616 @@ def promotion_decision(candidate: dict, incumbent: dict):
     # END SOLUTION promotion
 
 
+# ================================================================================================
+# The loop
+# ================================================================================================
+def train(cfg: Config, progress: bool = True) -> dict:
+    """One run of the chapter's loop: warm start (imitation of a scripted teacher) -> report card of
+    that incumbent -> RL iterations (rollout, trajectory store, credit, update; policy_version + 1
+    each) -> report card of the candidate -> release gates on the paired dev tasks -> promote, or roll
+    back to the incumbent -> summary.json. Resume, torchrun, the async actor, files and monitors are
+    the system around the loop (Part II: start_run, Run.rollouts, Run.record, finish_run)."""
+    run = start_run(cfg, progress)
+    cfg, tok, policy = run.cfg, run.tok, run.policy
+    if run.resumed is None:
+        run.warm = warm_start(policy, tok, cfg, run.device, progress and run.lead)
+        run.incumbent = run.report_cards("incumbent")                 # dev and test, kept for a rollback
+    with run.rollouts() as batches:                                   # each: G episodes of tasks_per_iter tasks
+        for episodes in batches:
+            metrics = learn(run.model, run.optimizer, run.ref_policy, tok, cfg, run.store, run.grads, episodes,
+                            run.version)
+            run.record(metrics)                                       # policy_version + 1, monitors, state.pt
+    if not run.lead:                                                  # under torchrun, rank 0 alone goes on
+        return {"rank": run.rank, "param_hashes": run.hashes}
+    candidate = run.report_cards("candidate")
+    promoted, reason, gates = promotion_decision(candidate["dev"], run.incumbent["dev"])  # dev decides, test never
+    if not promoted:                                                  # roll back: the incumbent stays in service
+        policy.load_state_dict(load_checkpoint(run.dir / "incumbent.pt", run.device)[0].state_dict())
+    return finish_run(run, candidate, promoted, reason, gates)
+
+
+# ################################################################################################
+# PART II · THE SYSTEM
+# What train() leans on, and a first reading can skip: validation, devices and torchrun, the
+# async actor, checkpoints and run directories, resume, monitors (the chapter's §05 and §07 in practice).
+# ################################################################################################
+# ------------------------------------------------------------------------------------------------
+# Configuration checks
+# ------------------------------------------------------------------------------------------------
+CHOICES = {"env": envs.ENV_IDS, "algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_std": ("population", "unbiased", "none"),
+           "device": ("auto", "cpu", "cuda", "mps"), "code_verifier": ("state", "visible_tests"),
+           "deny_credit": ("shared", "nonpositive"), "trajectory_view": ("concat", "per_call")}
+
+
+ONLY_FOR = {"injection_rate": ("env", (envs.FLIGHT_ID,)), "code_verifier": ("env", (envs.CODE_ID,)),  # meaningful only there
+            "code_bugs": ("env", (envs.CODE_ID,)), "legs": ("env", (envs.FLIGHT_ID,)),
+            "bootstrap_budget": ("algo", ("gae", "reinforce")), "lam": ("algo", ("gae",)),
+            "trajectory_view": ("algo", PPO_CREDITS),
+            "vf_coef": ("algo", ("gae", "reinforce")), "gamma": ("algo", ("gae", "reinforce", "stepgroup")),
+            "clip_eps": ("algo", PPO_CREDITS), "adv_std": ("algo", ("grpo", "stepgroup")),
+            "deny_credit": ("algo", PPO_CREDITS), "kl_coef": ("algo", PPO_CREDITS),
+            "process_coef": ("algo", PPO_CREDITS), "dpo_beta": ("algo", ("dpo",))}
+
+
+RANGES = {"seed": (0, 2**32 - 1), "eval_seed": (0, 2**32 - 1), "max_turns": (0, envs.MAX_TURNS), "n_layer": (1, 48),
+          "n_head": (1, 64), "n_embd": (2, 4096), "block_size": (32, 4096), "max_action_tokens": (5, 64),
+          "warm_start_episodes": (0, 10**6), "sft_epochs": (0, 1000), "sft_batch_size": (1, 10**4),
+          "iterations": (0, 10**5), "tasks_per_iter": (1, 10**4), "group_size": (2, 1024), "ppo_epochs": (1, 100),
+          "minibatch_size": (1, 10**5), "eval_episodes": (1, 5000), "max_staleness": (0, 100), "pass_k": (1, 16),
+          "pass_k_tasks": (1, 5000), "eval_every": (0, 10**5), "code_bugs": (1, 3), "tool_latency_ms": (0, 60_000),
+          "legs": (1, 4), "time_limit": (0, envs.MAX_TURNS)}  # [low, high]
+
+
+def validate_config(cfg: Config) -> Config:
+    """Refuse a bad setting up front, naming the field, instead of failing deep inside torch or after
+    the warm start."""
+    for f in fields(Config):
+        value = getattr(cfg, f.name)
+        kind = (int, float) if isinstance(f.default, float) else type(f.default)
+        if not isinstance(value, kind) or isinstance(value, bool) != isinstance(f.default, bool) or \
+                (isinstance(value, float) and not math.isfinite(value)):
+            raise ValueError(f"{f.name}={value!r}: must be a finite {type(f.default).__name__}")
+    for name, allowed in CHOICES.items():
+        if getattr(cfg, name) not in allowed:
+            raise ValueError(f"{name}={getattr(cfg, name)!r}: use one of {', '.join(allowed)}")
+    for name, (low, high) in RANGES.items():
+        if not low <= getattr(cfg, name) <= high:
+            raise ValueError(f"{name}={getattr(cfg, name)}: must be in [{low}, {high}]")
+    if cfg.n_embd % cfg.n_head or (cfg.n_embd // cfg.n_head) % 2:
+        raise ValueError(f"n_embd={cfg.n_embd}, n_head={cfg.n_head}: the head size n_embd/n_head must be an even integer")
+    if 12 * cfg.n_layer * cfg.n_embd ** 2 > 2e8:
+        raise ValueError(f"n_layer={cfg.n_layer}, n_embd={cfg.n_embd}: about {12 * cfg.n_layer * cfg.n_embd ** 2 / 1e6:.0f}M "
+                         "parameters; the policies here are tiny (under 200M): lower --n-embd or --n-layer")
+    if cfg.max_action_tokens > cfg.block_size // 4:
+        raise ValueError(f"max_action_tokens={cfg.max_action_tokens}: at most block_size / 4 = {cfg.block_size // 4}, "
+                         "so observations still fit; raise --block-size")
+    least = max(2 * (env_class(cfg.env).max_obs_words + 2) + cfg.max_action_tokens, 160 * cfg.legs * (cfg.legs > 1))
+    if cfg.block_size < least:
+        raise ValueError(f"block_size={cfg.block_size}: {cfg.env}{f' with {cfg.legs} legs' if cfg.legs > 1 else ''} "
+                         f"needs --block-size {least} or more")
+    for name in ("sft_lr", "lr", "max_grad_norm", "dpo_beta"):
+        if not getattr(cfg, name) > 0:
+            raise ValueError(f"{name}={getattr(cfg, name)}: must be > 0")
+    for name in ("demo_habit", "gamma", "lam", "injection_rate"):
+        _unit_interval(getattr(cfg, name), name)
+    if not 0 < cfg.clip_eps < 1:
+        raise ValueError(f"clip_eps={cfg.clip_eps}: must be in (0, 1)")
+    for name in ("kl_coef", "vf_coef", "process_coef", "sft_weight_decay"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name}={getattr(cfg, name)}: must be >= 0")
+    for name, (key, needed) in ONLY_FOR.items():  # a setting that would silently do nothing is an error
+        if getattr(cfg, name) != getattr(Config, name) and getattr(cfg, key) not in needed:
+            raise ValueError(f"{name}={getattr(cfg, name)}: only used with {key} in {'/'.join(needed)}; drop it or "
+                             f"change --{key.replace('_', '-')}")
+    if cfg.async_rollout and cfg.max_staleness < 1:
+        raise ValueError("async_rollout: the actor samples with policy v-1, so max_staleness must be >= 1 (--max-staleness 1)")
+    if cfg.max_turns == 1:
+        raise ValueError(f"max_turns={cfg.max_turns}: must be 0 (the environment's own) or >= 2")
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------------
+# Devices, ranks and rollout workers
+# ------------------------------------------------------------------------------------------------
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device={name!r}: use auto, cpu, cuda or mps")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no CUDA GPU; use --device auto or cpu")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device='mps' but MPS is not available; use --device auto or cpu")
+    return torch.device(name)
+
+
+def init_distributed(cfg: Config):
+    """Under torchrun (WORLD_SIZE > 1): join the process group, gloo on CPU, nccl on CUDA. Returns
+    (rank, world_size, device). Plain `python agentic_rl.py` is a world of one and needs none of it."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = resolve_device(cfg.device)
+    if world == 1:
+        return 0, 1, device
+    if cfg.async_rollout or cfg.resume or cfg.algo not in PPO_CREDITS:
+        raise ValueError("torchrun runs are synchronous PPO runs that start fresh: drop --async-rollout / --resume, "
+                         "and use a PPO credit (rs_sft and dpo take a data-dependent number of steps per rank)")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return torch.distributed.get_rank(), world, device
+
+
+def weights_hash(policy) -> str:
+    """sha256 of every tensor's bytes, in state-dict order: equal only for identical weights."""
+    h = hashlib.sha256()
+    for name, t in policy.state_dict().items():
+        h.update(name.encode() + t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def sync_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
+    """Synchronous rollout: each batch is sampled by the current policy (staleness 0), then learned."""
+    for it in range(start, cfg.iterations):
+        t = time.time()
+        yield collect(policy, tok, cfg, clock["version"], it, rank), time.time() - t
+
+
+def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
+    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1
+    while the learner trains on batch it - 1; a queue of one batch sits between them. Staleness is
+    exactly 1 by schedule (the store still checks it), and the actor samples with its own random
+    generator, so the run stays reproducible. Threads suffice: torch releases the GIL in its kernels
+    and a waiting tool call releases it too, which is where the overlap pays (tool_latency_ms). When the
+    learner stops (the end, an error, Ctrl-C), the actor is stopped and joined before anything exits."""
+    actor, out = copy.deepcopy(policy).eval(), queue.Queue(maxsize=1)
+    generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed * 7919 + rank)
+
+    def hand_over(item):
+        while not clock["stop"]:
+            try:
+                return out.put(item, timeout=0.1)
+            except queue.Full:
+                continue
+
+    def work():
+        try:
+            for it in range(start, cfg.iterations):
+                v = max(start, it - 1)
+                with clock["cond"]:
+                    clock["cond"].wait_for(lambda: v in clock["weights"] or clock["stop"])
+                    if clock["stop"]:
+                        return
+                    actor.load_state_dict(clock["weights"][v])
+                t = time.time()
+                hand_over((collect(actor, tok, cfg, v, it, rank, generator), time.time() - t))
+        except BaseException as e:  # hand the failure to the learner instead of dying silently
+            hand_over(e)
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        for _ in range(start, cfg.iterations):
+            item = out.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        with clock["cond"]:
+            clock["stop"] = True
+            clock["cond"].notify_all()
+        thread.join()
+
+
+def publish(policy, clock: dict):
+    """The learner makes its new weights available to the actor (keeping the last two versions)."""
+    with clock["cond"]:
+        clock["weights"][clock["version"]] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        clock["weights"].pop(clock["version"] - 2, None)
+        clock["cond"].notify_all()
+
+
+# ------------------------------------------------------------------------------------------------
+# Checkpoints, run directories and resume
+# ------------------------------------------------------------------------------------------------
+CHECKPOINT_FORMAT = "agentic-rl-checkpoint-2"
+
+
+def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
+    """Only tensors, numbers, strings, lists and dicts, so it loads with weights_only=True (no pickled
+    code); with the format, environment and vocabulary that a loader checks. Written atomically."""
+    cls = env_class(cfg.env)
+    atomic_write(path, lambda f: torch.save({
+        "format": CHECKPOINT_FORMAT, "env_id": cfg.env, "env_version": cls.env_version,
+        "reward_version": cls.reward_version, "vocab": tok.itos, "config": asdict(cfg),
+        "policy_version": policy_version, "model": policy.state_dict()}, f))
+
+
+def load_trusted(path, what: str) -> dict:
+    """torch.load with weights_only=True (never runs pickled code); any failure becomes a clear refusal."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # an unpickling error, a truncated or empty file, ...: refuse, never execute
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise ValueError(f"{what}: not a file this version can load safely ({type(e).__name__}: {first})") from None
+    if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{what}: format {data.get('format') if isinstance(data, dict) else None!r}, expected "
+                         f"{CHECKPOINT_FORMAT!r}; it was written by another version")
+    return data
+
+
+def saved_config(data: dict, what: str) -> Config:
+    """The Config stored in a checkpoint or state file: every field present, nothing unknown, all valid."""
+    saved, names = data.get("config"), {f.name for f in fields(Config)}
+    if not isinstance(saved, dict) or set(saved) != names:
+        missing, unknown = sorted(names - set(saved or {})), sorted(set(saved or {}) - names)
+        raise ValueError(f"{what}: its config lacks {missing} / has unknown {unknown}; it is from another version")
+    return validate_config(Config(**saved))
+
+
+def load_policy_weights(policy, weights, what: str):
+    try:
+        policy.load_state_dict(weights)
+    except (RuntimeError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"{what}: its weights do not fit its config ({(str(e).splitlines() or [''])[0][:200]})") from None
+    if not all(torch.isfinite(p).all() for p in policy.state_dict().values()):
+        raise ValueError(f"{what}: its weights contain NaN or inf")
+
+
+def load_checkpoint(path, device):
+    """Refuses, with the reason, anything it cannot trust: a pickled payload (weights_only=True never
+    runs code), another format, an environment or vocabulary this version does not have, weights that
+    do not match the config or are not finite."""
+    what = f"--ckpt {path}"
+    if not Path(path).is_file():
+        raise ValueError(f"{what}: no such file; train first (python agentic_rl.py train)")
+    ckpt = load_trusted(path, what)
+    cfg = saved_config(ckpt, what)
+    if ckpt.get("env_id") != cfg.env:
+        raise ValueError(f"{what}: it names environment {ckpt.get('env_id')!r} but its config says {cfg.env!r}")
+    cls = env_class(cfg.env)
+    if (ckpt.get("env_version"), ckpt.get("reward_version")) != (cls.env_version, cls.reward_version):
+        raise ValueError(f"{what}: trained on {cfg.env} {ckpt.get('env_version')}/{ckpt.get('reward_version')}, "
+                         f"this version has {cls.env_version}/{cls.reward_version}; retrain it")
+    if ckpt.get("vocab") != make_tokenizer(cfg.env).itos:
+        raise ValueError(f"{what}: its vocabulary differs from {cfg.env}'s; retrain it with this version")
+    if not isinstance(ckpt.get("policy_version"), int):
+        raise ValueError(f"{what}: policy_version {ckpt.get('policy_version')!r} is not an int")
+    tok = Tokenizer(ckpt["vocab"])
+    policy = make_policy(cfg, len(tok), device)
+    load_policy_weights(policy, ckpt.get("model"), what)
+    return policy, tok, cfg, ckpt["policy_version"]
+
+
+def atomic_write(path, write):
+    """Write to a temporary file beside `path`, then rename: a crash, a Ctrl-C or a full disk never
+    leaves a half-written checkpoint or summary where a good one was, nor a stray temporary file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def writable_dir(path, flag: str) -> Path:
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        atomic_write(Path(path) / ".write-check", lambda f: None)
+        (Path(path) / ".write-check").unlink()
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
+    return Path(path)
+
+
+RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt")
+
+
+def holds_a_run(run: Path) -> list:
+    return [name for name in RUN_FILES if (run / name).exists() or (run / (name + ".tmp")).exists()]
+
+
+def prepare_run_dir(cfg: Config) -> Path:
+    """A run directory holds one run. The default (run_dir "") is a new directory each time, numbered like
+    TensorBoard's versions: runs/flightbooking-grpo-s0, then runs/flightbooking-grpo-s0-2, ... An explicit run_dir that
+    holds another run is refused unless --overwrite, which deletes that run's files first, so a directory
+    never mixes two runs even if this one is interrupted."""
+    if cfg.run_dir:
+        run = Path(cfg.run_dir)
+    else:
+        stem = f"runs/{cfg.env.split('/')[-1].split('-')[0].lower()}-{cfg.algo}-s{cfg.seed}"
+        run = next(r for r in (Path(stem + (f"-{n}" if n > 1 else "")) for n in range(1, 10**6)) if not holds_a_run(r))
+    old = holds_a_run(run)
+    if old and not cfg.overwrite:
+        raise ValueError(f"run_dir={cfg.run_dir}: holds another run ({', '.join(old)}); pass --overwrite to "
+                         f"replace it or choose a new --run-dir")
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+        for name in old:
+            for f in (name, name + ".tmp"):
+                (run / f).unlink(missing_ok=True)
+        atomic_write(run / "metrics.jsonl", lambda f: None)  # fail now, not after training, if it is not writable
+    except OSError as e:
+        raise ValueError(f"run_dir={run}: cannot write there ({e.strerror})") from None
+    return run
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+            "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict):
+    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
+    np.random.set_state((state["numpy"][0], np.array(state["numpy"][1], dtype=np.uint32), *state["numpy"][2:]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_run_state(run: "Run"):
+    """state.pt after every iteration: all a resumed run needs to continue exactly (weights_only-safe)."""
+    atomic_write(run.dir / "state.pt", lambda f: torch.save({
+        "format": CHECKPOINT_FORMAT, "config": asdict(run.cfg), "model": run.policy.state_dict(),
+        "optimizer": run.optimizer.state_dict(), "history": run.history, "incumbent": run.incumbent, "warm": run.warm,
+        "version": run.version, "grad_norms": list(run.grads.norms), "skipped_updates": run.grads.skipped,
+        "seen_ids": sorted(run.store.seen_ids), "rng": rng_state()}, f))
+
+
+STATE_KEYS = ("config", "model", "optimizer", "history", "incumbent", "warm", "version", "grad_norms",
+              "skipped_updates", "seen_ids", "rng")
+
+
+def load_run_state(run_dir: str) -> tuple:
+    """(state, its Config) of an interrupted run, or a clear refusal."""
+    path, what = Path(run_dir) / "state.pt", f"--resume {run_dir}"
+    if not path.is_file():
+        raise ValueError(f"{what}: no state.pt there; only a run started by this version can resume")
+    state = load_trusted(path, what)
+    missing = [k for k in STATE_KEYS if k not in state]
+    if missing:
+        raise ValueError(f"{what}: state.pt lacks {missing}; it cannot be resumed")
+    cfg = saved_config(state, what)
+    if cfg.async_rollout:
+        raise ValueError(f"{what}: asynchronous runs restart; they cannot be resumed")
+    if len(state["history"]) >= cfg.iterations:
+        raise ValueError(f"{what}: that run already finished its {cfg.iterations} iterations")
+    return state, cfg
+
+
+# ------------------------------------------------------------------------------------------------
+# A run: what train() carries, starts and finishes
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """What a training run carries besides the loop itself: its settings, rank, device and directory,
+    the policy and its optimizer, store and gradient monitor, the metrics so far, the incumbent's
+    report cards, the policy version, a resumed state (or None), and the phase clocks."""
+    cfg: Config
+    rank: int
+    world: int
+    device: torch.device
+    dir: Path
+    tok: Tokenizer
+    policy: nn.Module
+    optimizer: torch.optim.Optimizer
+    store: TrajectoryStore
+    grads: GradMonitor
+    resumed: dict | None
+    progress: bool
+    history: list = field(default_factory=list)
+    warm: dict = field(default_factory=lambda: {"demo_success": None})
+    incumbent: dict | None = None
+    version: int = 0
+    seconds: Counter = field(default_factory=Counter)
+    t0: float = field(default_factory=time.time)
+    model: nn.Module | None = None           # the policy, wrapped in DistributedDataParallel under torchrun
+    ref_policy: nn.Module | None = None      # the frozen warm start, for dpo and --kl-coef
+    clock: dict | None = None                # the policy version and weights the async actor reads
+    log: object = None                       # metrics.jsonl, open while the iterations run
+    hashes: list | None = None               # each rank's weights hash, under torchrun
+
+    @property
+    def lead(self) -> bool:
+        return self.rank == 0
+
+    def say(self, *args):
+        if self.lead:
+            print(*args)
+
+    def report_cards(self, name: str) -> dict | None:
+        """Evaluate the policy on dev and test (rank 0) and keep it as NAME.pt."""
+        if not self.lead:
+            return None
+        if name == "incumbent":
+            self.seconds["warm_start"] = time.time() - self.t0
+            if self.cfg.warm_start_episodes:
+                self.say(f"warm start: {self.warm['epochs']} epochs over {self.cfg.warm_start_episodes} demonstrator "
+                         f"episodes (demonstrator success {self.warm['demo_success']:.3f}), final SFT loss "
+                         f"{self.warm['sft_loss']:.3f}")
+        save_checkpoint(self.dir / f"{name}.pt", self.policy, self.tok, self.cfg, self.version)
+        t = time.time()
+        cards = {part: evaluate(self.policy, self.tok, self.cfg, part) for part in ("dev", "test")}
+        self.seconds["evaluation"] += time.time() - t
+        self.say(f"holdout, {name}: dev success {cards['dev']['success']:.3f} {cards['dev']['ci95']}")
+        return cards
+
+    @contextlib.contextmanager
+    def rollouts(self):
+        """The batches to learn from: sampled by the current policy, or by an async actor one version
+        behind. On the way out the actor is stopped and joined, a Ctrl-C says how to resume, and under
+        torchrun the replicas compare their weights (DDP must have kept them equal, bit for bit)."""
+        cfg = self.cfg
+        self.model = torch.nn.parallel.DistributedDataParallel(self.policy, find_unused_parameters=True) \
+            if self.world > 1 else self.policy
+        if cfg.kl_coef > 0 or cfg.algo == "dpo":  # the frozen reference is the warm start, also after a resume
+            self.ref_policy = (load_checkpoint(self.dir / "incumbent.pt", self.device)[0] if self.resumed
+                               else copy.deepcopy(self.policy)).eval()
+        if self.resumed:
+            set_rng_state(self.resumed["rng"])  # last, so that building anything above draws nothing from it
+        self.clock = {"version": self.version, "weights": {}, "cond": threading.Condition(), "stop": False}
+        if cfg.async_rollout:
+            publish(self.policy, self.clock)
+        source = (async_batches if cfg.async_rollout else sync_batches)(self.policy, self.tok, cfg, len(self.history),
+                                                                        self.clock, self.rank)
+        t_rl = time.time()
+        try:
+            with open(self.dir / "metrics.jsonl" if self.lead else os.devnull, "w") as self.log:
+                self.log.writelines(json.dumps(m) + "\n" for m in self.history)  # a resumed run rewrites its own
+                yield self._batches(source)
+        except KeyboardInterrupt:
+            self.say(f"\ninterrupted after {len(self.history)} iterations" + ("" if cfg.async_rollout else
+                     f"; continue with: python agentic_rl.py train --resume {self.dir}"))
+            raise
+        finally:
+            self.seconds["rl_wall"] = time.time() - t_rl - self.seconds["dev_checks"]  # async phases overlap
+            source.close()                                                             # stops the actor, if any
+        if self.world > 1:
+            self.hashes = [None] * self.world
+            torch.distributed.all_gather_object(self.hashes, weights_hash(self.policy))
+            torch.distributed.destroy_process_group()
+
+    def _batches(self, source):
+        for _ in tqdm(range(len(self.history), self.cfg.iterations), desc=f"RL ({self.cfg.algo})",
+                      disable=not (self.progress and self.lead), leave=False):
+            self._t = time.time()
+            episodes, self._t_rollout = next(source)
+            self._t_wait, self._n = time.time() - self._t, len(episodes)
+            yield episodes
+
+    def record(self, m: dict):
+        """After an update: a new policy version (published to the actor), the iteration's monitors, an
+        optional greedy dev check, one line of metrics.jsonl and state.pt (rank 0)."""
+        t_learn = time.time() - self._t - self._t_wait
+        self.seconds["rollout"] += self._t_rollout
+        self.seconds["learner"] += t_learn
+        self.version += 1  # one update = one new behaviour policy
+        self.clock["version"] = self.version
+        if self.cfg.async_rollout:
+            publish(self.policy, self.clock)
+        it = len(self.history)
+        m.update(iteration=it, policy_version=self.version, world_size=self.world,
+                 rollout_seconds=round(self._t_rollout, 3), learner_seconds=round(t_learn, 3),
+                 episodes_per_second=round(self.world * self._n / (time.time() - self._t), 2))
+        if self.cfg.eval_every and self.lead and (it + 1) % self.cfg.eval_every == 0:  # greedy: draws no randomness
+            t = time.time()
+            m["dev_success"] = evaluate(self.policy, self.tok, self.cfg, "dev", reliability=False)["success"]
+            self.seconds["dev_checks"] += time.time() - t
+        m["elapsed_seconds"] = round(time.time() - self.t0, 2)
+        self.history.append(m)
+        if self.lead:
+            self.log.write(json.dumps(m) + "\n")
+            self.log.flush()  # a failing write stops the run now, not after the last iteration
+            save_run_state(self)
+            tqdm.write(log_line(it, m), file=sys.stdout)
+
+
+def start_run(cfg: Config, progress: bool) -> Run:
+    """Validate, or take an interrupted run's own settings (--resume); join torchrun's ranks; seed; make
+    the run directory (rank 0); build the tokenizer, policy, optimizer, store; restore a resumed state."""
+    validate_config(cfg)
+    state = None
+    if cfg.resume:  # the interrupted run's own settings, in the directory given
+        changed = [f"--{f.name.replace('_', '-')}" for f in fields(Config) if f.name != "resume" and
+                   getattr(cfg, f.name) != f.default]
+        if changed:
+            raise ValueError(f"--resume continues the interrupted run with its own settings; drop {', '.join(changed)}")
+        state, saved = load_run_state(cfg.resume)
+        cfg = replace(saved, resume=cfg.resume, run_dir=cfg.resume)
+    rank, world, device = init_distributed(cfg)
+    seed_everything(cfg.seed)
+    run_dir = prepare_run_dir(cfg) if rank == 0 and not state else Path(cfg.run_dir)
+    cfg = replace(cfg, run_dir=str(run_dir)) if rank == 0 else cfg
+    tok = make_tokenizer(cfg.env)
+    policy = make_policy(cfg, len(tok), device)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
+    run = Run(cfg, rank, world, device, run_dir, tok, policy, optimizer, TrajectoryStore(cfg.max_staleness, len(tok)),
+              GradMonitor(), state, progress)
+    run.say(f"config: {json.dumps(asdict(cfg))}")
+    run.say(f"policy: {sum(p.numel() for p in policy.parameters()):,} parameters, vocabulary {len(tok)}, device "
+            f"{device}" + (f", {world} ranks" if world > 1 else ""))
+    if state:  # every piece of state as it was after the last completed iteration
+        load_policy_weights(policy, state["model"], f"--resume {cfg.resume}")
+        optimizer.load_state_dict(state["optimizer"])
+        run.history, run.incumbent, run.warm, run.version = state["history"], state["incumbent"], state["warm"], \
+            state["version"]
+        run.grads.norms.extend(state["grad_norms"])
+        run.grads.skipped, run.store.seen_ids = state["skipped_updates"], set(state["seen_ids"])
+        run.say(f"resumed {cfg.run_dir} after iteration {len(run.history) - 1} (policy_version {run.version})")
+    return run
+
+
+def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: list) -> dict:
+    """final.pt (the candidate if promoted, else the incumbent), the printed report card, gates and
+    learning curve, and summary.json."""
+    cfg, history, incumbent = run.cfg, run.history, run.incumbent
+    save_checkpoint(run.dir / "final.pt", run.policy, run.tok, cfg, run.version if promoted else 0)
+    print("\n" + format_report_card({"incumbent dev": incumbent["dev"], "candidate dev": candidate["dev"],
+                                     "incumbent test": incumbent["test"], "candidate test": candidate["test"]}))
+    print("\nrelease gates (decided on dev; test is reported only):")
+    for g in gates:
+        print(f"  {'pass' if g['passed'] else 'FAIL'}  {g['gate']:<34} {str(g['value']):<34} rule {g['rule']}")
+    print(f"promotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to the incumbent'} ({reason})")
+    print(learning_curve([m["success"] for m in history]))
+    run.seconds["total"] = time.time() - run.t0
+    deployed, staleness = candidate if promoted else incumbent, Counter(m["staleness_max"] for m in history)
+    summary = {"env": cfg.env, "algo": cfg.algo, "seed": cfg.seed, "device": str(run.device),
+               "threads": torch.get_num_threads(), "world_size": run.world, "wall_seconds": round(run.seconds["total"], 1),
+               "phase_seconds": {k: round(v, 1) for k, v in run.seconds.items()},
+               "episodes_per_second": round(len(history) * run.world * cfg.tasks_per_iter * cfg.group_size /
+                                            max(1e-9, run.seconds["rl_wall"]), 2) if history else None,
+               "dev_success_by_wall_clock": [[m["elapsed_seconds"], m["dev_success"]] for m in history if "dev_success" in m],
+               "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
+               "refused_stale": sum(m["refused_stale"] for m in history), "skipped_updates": run.grads.skipped,
+               "eval_episodes": cfg.eval_episodes, "demonstrator_success": run.warm["demo_success"],
+               "warm_start": {"dev_success": incumbent["dev"]["success"], "test_success": incumbent["test"]["success"]},
+               "candidate": {"dev_success": candidate["dev"]["success"], "test_success": candidate["test"]["success"]},
+               "promoted": promoted, "promotion_reason": reason, "release_gates": gates,
+               "deployed": {"checkpoint": str(run.dir / "final.pt"), "is": "candidate" if promoted else "incumbent",
+                            "dev_success": deployed["dev"]["success"], "test_success": deployed["test"]["success"]},
+               "first_iteration": history[0] if history else None,
+               "train_success_curve": [round(m["success"], 4) for m in history],
+               "zero_std_group_fraction": (round(sum(m["zero_std_groups"] for m in history) /
+                                                 (len(history) * cfg.tasks_per_iter * run.world), 4)
+                                           if history and history[0]["zero_std_groups"] is not None else None),
+               "reports": {"incumbent": incumbent, "candidate": candidate}, "config": asdict(cfg)}
+    if run.world > 1:
+        summary["param_hashes"] = run.hashes
+    atomic_write(run.dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
+    print(f"wrote {run.dir / 'summary.json'} ({summary['wall_seconds']} s)")
+    return summary
+
+
+# ------------------------------------------------------------------------------------------------
+# Monitors: the console line, the learning curve, the report card
+# ------------------------------------------------------------------------------------------------
+def log_line(it: int, m: dict) -> str:
+    keys = [("success", "{:.3f}"), ("turns", "{:.2f}"), ("clip_frac", "{:.3f}"), ("approx_kl", "{:.4f}"),
+            ("entropy", "{:.3f}"), ("zero_std_groups", "{}"), ("explained_variance", "{:.2f}"), ("kept", "{}"),
+            ("dpo_pairs", "{}"),
+            ("invalid_rate", "{:.3f}"), ("grad_norm", "{:.2f}"), ("staleness_max", "{}"), ("episodes_per_second", "{:.0f}")]
+    return f"iter {it:3d} | " + " | ".join(f"{k} {fmt.format(m[k])}" for k, fmt in keys if m.get(k) is not None)
+
+
+def learning_curve(values, width: int = 60, height: int = 6) -> str:
+    """A terminal plot of training success per iteration (sampled episodes, so noisier than holdout)."""
+    if not values:
+        return ""
+    cols = [float(np.mean(c)) for c in np.array_split(np.array(values), min(width, len(values)))]
+    lines = ["training success per iteration (sampled):"]
+    for h in range(height, 0, -1):
+        lines.append(f"{h / height:4.2f} |" + "".join("#" if v >= (h - 0.5) / height else " " for v in cols))
+    lines.append("     +" + "-" * len(cols) + f"  iterations 0..{len(values) - 1}")
+    return "\n".join(lines)
+
+
 def format_report_card(columns: dict) -> str:
     """One column per (policy, part), one row per report-card line."""
     rows = [("outcome", "success"), ("", "ci95"), ("", f"pass^{len([1 for k in next(iter(columns.values())) if k.startswith('pass^')])}")]
@@ -1769,158 +1987,46 @@ def format_report_card(columns: dict) -> str:
     return "\n".join(lines)
 
 
-def train(cfg: Config, progress: bool = True) -> dict:
-    """The whole loop: warm start -> report card -> RL -> report card -> release gates -> summary.json.
-    Under torchrun every rank samples its own tasks and DistributedDataParallel averages the gradients;
-    rank 0 alone evaluates, prints, logs and writes files."""
-    t0, seconds = time.time(), Counter()
-    validate_config(cfg)
-    state = None
-    if cfg.resume:  # the interrupted run's own settings, in the directory given
-        changed = [f"--{f.name.replace('_', '-')}" for f in fields(Config) if f.name != "resume" and
-                   getattr(cfg, f.name) != f.default]
-        if changed:
-            raise ValueError(f"--resume continues the interrupted run with its own settings; drop {', '.join(changed)}")
-        state, saved = load_run_state(cfg.resume)
-        cfg = replace(saved, resume=cfg.resume, run_dir=cfg.resume)
-    rank, world, device = init_distributed(cfg)
-    lead = rank == 0
-    say = print if lead else (lambda *a, **k: None)
-    seed_everything(cfg.seed)
-    run = prepare_run_dir(cfg) if lead and not state else Path(cfg.run_dir)
-    cfg = replace(cfg, run_dir=str(run)) if lead else cfg
-    tok = make_tokenizer(cfg.env)
-    policy = make_policy(cfg, len(tok), device)
-    say(f"config: {json.dumps(asdict(cfg))}")
-    say(f"policy: {sum(p.numel() for p in policy.parameters()):,} parameters, vocabulary {len(tok)}, device {device}"
-        + (f", {world} ranks" if world > 1 else ""))
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
-    store, grads, history, warm = TrajectoryStore(cfg.max_staleness, len(tok)), GradMonitor(), [], {"demo_success": None}
-    if state:  # resume: every piece of state as it was after the last completed iteration
-        load_policy_weights(policy, state["model"], f"--resume {cfg.resume}")
-        optimizer.load_state_dict(state["optimizer"])
-        history, incumbent, warm, version = state["history"], state["incumbent"], state["warm"], state["version"]
-        grads.norms.extend(state["grad_norms"])
-        grads.skipped, store.seen_ids = state["skipped_updates"], set(state["seen_ids"])
-        say(f"resumed {cfg.run_dir} after iteration {len(history) - 1} (policy_version {version})")
-    else:
-        version = 0
-        warm = warm_start(policy, tok, cfg, device, progress and lead)
-        if cfg.warm_start_episodes:
-            say(f"warm start: {warm['epochs']} epochs over {cfg.warm_start_episodes} demonstrator episodes "
-                f"(demonstrator success {warm['demo_success']:.3f}), final SFT loss {warm['sft_loss']:.3f}")
-        seconds["warm_start"] = time.time() - t0
-        t = time.time()
-        incumbent = {part: evaluate(policy, tok, cfg, part) for part in ("dev", "test")} if lead else None
-        seconds["evaluation"] += time.time() - t
-        if lead:
-            save_checkpoint(run / "incumbent.pt", policy, tok, cfg, version)
-            say(f"holdout after warm start: dev success {incumbent['dev']['success']:.3f} {incumbent['dev']['ci95']}")
-
-    model = torch.nn.parallel.DistributedDataParallel(policy, find_unused_parameters=True) if world > 1 else policy
-    ref_policy = None  # the frozen reference for dpo and --kl-coef is the warm start, also after a resume
-    if cfg.kl_coef > 0 or cfg.algo == "dpo":
-        ref_policy = (load_checkpoint(run / "incumbent.pt", device)[0] if state else copy.deepcopy(policy)).eval()
-    if state:
-        set_rng_state(state["rng"])  # last, so that building anything above draws nothing from the restored streams
-    clock = {"version": version, "weights": {}, "cond": threading.Condition(), "stop": False}
-    if cfg.async_rollout:
-        publish(policy, clock)
-    batches = (async_batches if cfg.async_rollout else sync_batches)(policy, tok, cfg, len(history), clock, rank)
-    t_rl = time.time()
-    try:
-        with open(run / "metrics.jsonl" if lead else os.devnull, "w") as log:
-            log.writelines(json.dumps(m) + "\n" for m in history)  # a resumed run rewrites what it keeps
-            for it in tqdm(range(len(history), cfg.iterations), desc=f"RL ({cfg.algo})", disable=not (progress and lead),
-                           leave=False):
-                t = time.time()
-                episodes, t_rollout = next(batches)
-                t_wait = time.time() - t
-                m = learn(model, optimizer, ref_policy, tok, cfg, store, grads, episodes, version)
-                t_learn = time.time() - t - t_wait
-                seconds["rollout"] += t_rollout
-                seconds["learner"] += t_learn
-                version += 1  # one update = one new behaviour policy
-                clock["version"] = version
-                if cfg.async_rollout:
-                    publish(policy, clock)
-                m.update(iteration=it, policy_version=version, world_size=world, rollout_seconds=round(t_rollout, 3),
-                         learner_seconds=round(t_learn, 3),
-                         episodes_per_second=round(world * len(episodes) / (time.time() - t), 2))
-                if cfg.eval_every and lead and (it + 1) % cfg.eval_every == 0:  # greedy: no random numbers drawn
-                    t_check = time.time()
-                    m["dev_success"] = evaluate(policy, tok, cfg, "dev", reliability=False)["success"]
-                    seconds["dev_checks"] += time.time() - t_check
-                m["elapsed_seconds"] = round(time.time() - t0, 2)
-                history.append(m)
-                if lead:
-                    log.write(json.dumps(m) + "\n")
-                    log.flush()  # a failing write stops the run now, not after the last iteration
-                    save_run_state(run, cfg, policy, optimizer, history, incumbent, warm, version, grads, store)
-                    tqdm.write(log_line(it, m), file=sys.stdout)
-    except KeyboardInterrupt:
-        say(f"\ninterrupted after {len(history)} iterations" + ("" if cfg.async_rollout else
-            f"; continue with: python agentic_rl.py train --resume {run}"))
-        raise
-    finally:
-        seconds["rl_wall"] = time.time() - t_rl - seconds["dev_checks"]  # rollout and learner overlap when async
-        batches.close()  # stops and joins the async actor, if any
-    if world > 1:  # replicas must agree: DDP averaged the same gradients into the same weights, bit for bit
-        hashes = [None] * world
-        torch.distributed.all_gather_object(hashes, weights_hash(policy))
-        torch.distributed.destroy_process_group()
-        if not lead:
-            return {"rank": rank, "param_hashes": hashes}
-    save_checkpoint(run / "candidate.pt", policy, tok, cfg, version)
-    t = time.time()
-    candidate = {part: evaluate(policy, tok, cfg, part) for part in ("dev", "test")}
-    seconds["evaluation"] += time.time() - t
-    promoted, reason, gates = promotion_decision(candidate["dev"], incumbent["dev"])   # dev only: test never decides
-    deployed = candidate if promoted else incumbent
-    if not promoted:  # rollback: the incumbent stays in service
-        policy.load_state_dict(load_checkpoint(run / "incumbent.pt", device)[0].state_dict())
-    save_checkpoint(run / "final.pt", policy, tok, cfg, version if promoted else 0)
-
-    print("\n" + format_report_card({"incumbent dev": incumbent["dev"], "candidate dev": candidate["dev"],
-                                     "incumbent test": incumbent["test"], "candidate test": candidate["test"]}))
-    print("\nrelease gates (decided on dev; test is reported only):")
-    for g in gates:
-        print(f"  {'pass' if g['passed'] else 'FAIL'}  {g['gate']:<34} {str(g['value']):<34} rule {g['rule']}")
-    print(f"promotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to the incumbent'} ({reason})")
-    print(learning_curve([m["success"] for m in history]))
-    seconds["total"] = time.time() - t0
-    staleness = Counter(m["staleness_max"] for m in history)
-    summary = {"env": cfg.env, "algo": cfg.algo, "seed": cfg.seed, "device": str(device),
-               "threads": torch.get_num_threads(), "world_size": world, "wall_seconds": round(seconds["total"], 1),
-               "phase_seconds": {k: round(v, 1) for k, v in seconds.items()},
-               "episodes_per_second": round(len(history) * world * cfg.tasks_per_iter * cfg.group_size /
-                                            max(1e-9, seconds["rl_wall"]), 2) if history else None,
-               "dev_success_by_wall_clock": [[m["elapsed_seconds"], m["dev_success"]] for m in history if "dev_success" in m],
-               "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
-               "refused_stale": sum(m["refused_stale"] for m in history),
-               "skipped_updates": grads.skipped,
-               "eval_episodes": cfg.eval_episodes, "demonstrator_success": warm["demo_success"],
-               "warm_start": {"dev_success": incumbent["dev"]["success"], "test_success": incumbent["test"]["success"]},
-               "candidate": {"dev_success": candidate["dev"]["success"], "test_success": candidate["test"]["success"]},
-               "promoted": promoted, "promotion_reason": reason, "release_gates": gates,
-               "deployed": {"checkpoint": str(run / "final.pt"), "is": "candidate" if promoted else "incumbent",
-                            "dev_success": deployed["dev"]["success"], "test_success": deployed["test"]["success"]},
-               "first_iteration": history[0] if history else None,
-               "train_success_curve": [round(m["success"], 4) for m in history],
-               "zero_std_group_fraction": (round(sum(m["zero_std_groups"] for m in history) /
-                                                 (len(history) * cfg.tasks_per_iter * world), 4)
-                                           if history and history[0]["zero_std_groups"] is not None else None),
-               "reports": {"incumbent": incumbent, "candidate": candidate}, "config": asdict(cfg)}
-    if world > 1:
-        summary["param_hashes"] = hashes
-    atomic_write(run / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
-    print(f"wrote {run / 'summary.json'} ({summary['wall_seconds']} s)")
-    return summary
+# ################################################################################################
+# PART III · THE TOOLS
+# The commands around the loop: examples, show, play, compare, bench, homework and grade, the CLI.
+# ################################################################################################
+def worked_examples() -> dict:
+    """The chapter's three hand calculations, computed by the functions training uses."""
+    tok = make_tokenizer(envs.FLIGHT_ID)
+    filler = [tok.stoi["flight"]]
+    # 180 tokens: 120 from the task and tool observations (context), 60 generated by the policy
+    ep = Episode("example", 0, envs.FLIGHT_ID, "example", "example", 0, "train", 0, 0)
+    for _ in range(4):  # 4 turns x (30 observation tokens + 15 action tokens)
+        ep.turns.append(Turn("", [tok.obs] + filler * 28 + [tok.act], filler * 14 + [tok.eoa], [0.0] * 15, "",
+                             0, True, "ok", {}, 0.0, 0.0, False, False, False))
+    batch = pack([ep], tok, block_size=180)
+    return {"mask_tokens": int(batch["tokens"].shape[1]), "mask_sum": int(batch["action_mask"].sum()),
+            "returns": [round(x, 6) for x in discounted_returns([0, 0, 0, 1], gamma=0.9).tolist()],
+            "grpo_advantages": [round(x, 6) for x in group_advantages([1, 0, 0, 1]).tolist()],
+            "step_credit": worked_group()}
 
 
-# ------------------------------------------------------------------------------------------------
-# CLI · the commands around the loop: demo, examples, train, eval, show, play, compare, bench, homework, grade
-# ------------------------------------------------------------------------------------------------
+def worked_group() -> list:
+    """A flight group (task 511821: the cheapest morning flight, F4, is sold out; F1 has seats): four
+    episodes share `search` and `filter`, then check seats or book blind. Per turn: the action and its
+    advantage under grpo and under stepgroup (gamma 1), computed by advantages_for as in training."""
+    cfg, tok = Config(injection_rate=0.0), make_tokenizer(envs.FLIGHT_ID)
+    head, seats_then_f1 = ["search PAR ATH", "filter morning"], ["seats F4", "seats F1", "book F1 chen business"]
+    plans = [head + seats_then_f1, head + ["book F4 chen business"], head + ["seats F4", "book F4 chen business"],
+             head + seats_then_f1]
+    episodes = []
+    for i, plan in enumerate(plans):
+        env = make_env(cfg)
+        obs, info = env.reset(seed=0, options={"task_id": 511821})
+        ep = Episode(f"worked-{i}", 511821, cfg.env, "", "", 0, "train", 0, 0)
+        episodes.append(scripted_episode(env, ep, obs, lambda _obs, plan=iter(plan): next(plan), tok, version=0))
+    batch = pack(episodes, tok, cfg.block_size)
+    credit = {algo: advantages_for(batch, episodes, None, replace(cfg, algo=algo))[0] for algo in ("grpo", "stepgroup")}
+    return [[(t.action_text, round(float(credit["grpo"][b, k]), 3), round(float(credit["stepgroup"][b, k]), 3))
+             for k, t in enumerate(ep.turns)] for b, ep in enumerate(episodes)]
+
+
 def print_examples():
     ex = worked_examples()
     print("worked examples (computed by the functions training uses):")
@@ -2207,6 +2313,8 @@ EXERCISES = {  # id -> (points, the stub's message: what to write, the formula, 
                       "is not None and <= limit). promoted = every gate passed; reason names the first failed "
                       "gate or says all passed; value and rule are free text. Used at the end of train()."),
 }
+
+
 EXPERIMENTS = {"silent_bug": 20, "clock": 20}  # points of the open exercises graded from answers.json
 SILENT_BUGS = {  # id -> (what a reader would call it, the function it is in, the line as written, as planted)
     "loss_on_observations": ("the policy loss also covers observation and prompt tokens", "ppo_step_loss",
@@ -2704,6 +2812,9 @@ def write_autograder(path, silent_bug=None) -> list:
     return list(members)
 
 
+# ------------------------------------------------------------------------------------------------
+# The command line
+# ------------------------------------------------------------------------------------------------
 def add_config_flags(parser, only=None):
     comments = _field_comments()
     for f in fields(Config):
