@@ -784,7 +784,7 @@ def rotary(positions, head_dim: int):
     """Rotary position embedding (RoPE) angles, computed once per forward: pair i of q/k turns by
     pos * 10000^(-i/half), so the score q.k depends on the distance between tokens. Copying "the word 6
     tokens back" is then one fixed pattern wherever the turn sits in the episode (a design choice for
-    copy-heavy tool calls; its effect alone was not measured here)."""
+    copy-heavy tool calls)."""
     half = head_dim // 2
     freq = 10000.0 ** (-torch.arange(half, device=positions.device) / half)  # (hd/2,)
     angle = positions[:, None].float() * freq[None]                          # (T, hd/2)
@@ -834,9 +834,8 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     """nanoGPT-style decoder: token embeddings, pre-LN blocks with rotary attention, an LM head and a
-    value head. Unlike nanoGPT the LM head is not tied to the embedding: tied, the warm start needed
-    200-400 steps before it could copy a passenger name from the context; untied, 200-300 (seeds 0-4,
-    1 and 2 threads; README: "Why the warm start is robust")."""
+    value head. Unlike nanoGPT the LM head is not tied to the embedding: untied, the warm start learns
+    to copy a passenger name from the context sooner (README, "Why the warm start is robust")."""
 
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
         super().__init__()
@@ -847,7 +846,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
-        self.value_head = nn.Linear(n_embd, 1)  # V(s) read at the <act> token (gae only)
+        self.value_head = nn.Linear(n_embd, 1)  # V(s) read at the <act> token (gae and reinforce)
         self.apply(self._init)
 
     @staticmethod
@@ -1004,9 +1003,9 @@ SFT_EPOCHS = {envs.FLIGHT_ID: 4, envs.CODE_ID: 8, envs.VAULT_ID: 4}  # sft_epoch
 
 def sft_lr_at(step: int, steps: int, peak: float) -> float:
     """Warm-start schedule: `peak` for the first 60 % of the steps, then cosine down to 0. The decay
-    matters: with a constant rate the last few noisy batches decide the final probabilities, so the
-    learned P(check seats) landed anywhere in 0.30-0.61 across seeds and thread counts (the data says
-    0.40) and greedy decoding flipped between "always check" and "never check"."""
+    matters: with a constant rate the last few noisy batches decide the learned probabilities, and
+    greedy decoding flips between "always check seats" and "never" (README, "Why the warm start is
+    robust")."""
     frac = step / steps
     return peak if frac < 0.6 else peak * 0.5 * (1 + math.cos(math.pi * (frac - 0.6) / 0.4))
 
@@ -1034,7 +1033,7 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
             logprobs, _ = token_logprobs(policy(tokens)[0], tokens)
             loss = sft_loss(logprobs, mask)
             opt.zero_grad()
-            loss.backward()  # no gradient clipping here: clipping at 1.0 measurably delayed learning to copy
+            loss.backward()  # no gradient clipping here: clipping at 1.0 delayed learning to copy (README)
             opt.step()
             losses.append(loss.item())
             bar.update(1)
@@ -2039,15 +2038,17 @@ def print_examples():
     return ex
 
 
-def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", part: str = "test"):
+def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", part: str = "test", credit: str = ""):
     """Audit episodes before promotion: sample a training-style group (group_size episodes, temperature 1)
-    on held-out tasks, compute the advantages the learner would use, and print episodes turn by turn:
-    [bracketed] tokens are the policy's own (action_mask 1), the rest is context; with the gate's
-    decision, the reward, the advantage and the independent evaluator's verdict. Where fewer than n
-    episodes of the asked kind turn up in 25 groups, it says so and shows the other kind."""
+    on held-out tasks, compute the advantages the learner would use (or another credit's, --credit),
+    and print episodes turn by turn: [bracketed] tokens are the policy's own (action_mask 1), the rest
+    is context; with the gate's decision, the reward, the advantage and the independent evaluator's
+    verdict. Where fewer than n episodes of the asked kind turn up in 25 groups, it says so and shows
+    the other kind."""
     if n < 1:
         raise ValueError(f"--n {n}: must be >= 1")
     policy, tok, cfg, version = load_checkpoint(ckpt, resolve_device(device))
+    cfg = replace(cfg, algo=credit or cfg.algo)
     evaluate_episode, picked, others = env_class(cfg.env).evaluate_episode, [], []
     own = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed)
     for group, task_id in enumerate(holdout_tasks(cfg, part, 25)):
@@ -2857,6 +2858,8 @@ def main(argv=None):
     p_show.add_argument("--ckpt", required=True, help="path to a .pt written by train")
     p_show.add_argument("--n", type=int, default=3, help="how many episodes (default 3)")
     p_show.add_argument("--failures", action="store_true", help="show failed episodes instead of successful ones")
+    p_show.add_argument("--credit", default="", choices=("",) + PPO_CREDITS, help="the advantages of another credit "
+                        "on the same episodes (gae and reinforce read the checkpoint's value head)")
     add_config_flags(p_show, only=("device",))
     p_play = sub.add_parser("play", help="play an environment yourself through the host gate (stdin)")
     add_config_flags(p_play, only=("env", "seed"))
@@ -2911,7 +2914,7 @@ def main(argv=None):
         elif args.command == "eval":
             print(json.dumps({"ckpt": args.ckpt, "policy_version": version, **evaluate(policy, tok, cfg, args.part)}, indent=2))
         elif args.command == "show":
-            show(args.ckpt, args.n, args.failures, args.device)
+            show(args.ckpt, args.n, args.failures, args.device, credit=args.credit)
         elif args.command == "play":
             play(args.env, args.seed, args.split)
         elif args.command == "compare":

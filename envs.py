@@ -907,10 +907,8 @@ class VaultEnv(TextToolEnv):
     that RL exploits whatever the environment leaks (status -> probe N -> open N, 3 turns, and the
     state verifier still pays 1): the fix belongs in the environment, not in the reward.
     Split: task ids divisible by 5 are held out. With only 15 codes this tests fresh episodes from the
-    same distribution, not unseen codes. We first held out the codes 5, 10 and 15 instead; the tiny
-    policy then never learned to *say* those numbers (`open 10` after `10 is right`): holdout success
-    went from 0.31 after the warm start to 0.00 after RL while training success reached 0.97
-    (`python agentic_rl.py train --env AgenticRL/Vault-v0`, seed 0, vault-1 split).
+    same distribution, not unseen codes: holding out codes instead left the tiny policy unable to *say*
+    them (`open 10` after `10 is right`; README, "Choices worth knowing").
     """
     env_version, reward_version = "vault-3", "vault-state-1"
     tool_schema = {"probe": ("code",), "open": ("code",), "status": (), "finish": ()}

@@ -762,20 +762,25 @@ def replace_cfg(cfg, **changes):
     return A.validate_config(__import__("dataclasses").replace(cfg, **changes))
 
 
-def test_resume_after_an_interruption_matches_an_uninterrupted_run(tmp_path, monkeypatch, capsys):
-    base = dict(iterations=4, eval_episodes=10, pass_k_tasks=4, warm_start_episodes=40, sft_epochs=1)
-    straight = A.train(tiny_config(run_dir=str(tmp_path / "straight"), **base), progress=False)
+def interrupted_run(monkeypatch, at: int, cfg):
+    """train(cfg), with a Ctrl-C during iteration `at` (in the learner)."""
     calls, real_learn = [], A.learn
 
     def interrupted_learn(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt               # Ctrl-C during the third iteration
+        if len(calls) == at:
+            raise KeyboardInterrupt
         return real_learn(*args, **kwargs)
     monkeypatch.setattr(A, "learn", interrupted_learn)
     with pytest.raises(KeyboardInterrupt):
-        A.train(tiny_config(run_dir=str(tmp_path / "cut"), **base), progress=False)
+        A.train(cfg, progress=False)
     monkeypatch.setattr(A, "learn", real_learn)
+
+
+def test_resume_after_an_interruption_matches_an_uninterrupted_run(tmp_path, monkeypatch, capsys):
+    base = dict(iterations=4, eval_episodes=10, pass_k_tasks=4, warm_start_episodes=40, sft_epochs=1)
+    straight = A.train(tiny_config(run_dir=str(tmp_path / "straight"), **base), progress=False)
+    interrupted_run(monkeypatch, 3, tiny_config(run_dir=str(tmp_path / "cut"), **base))   # Ctrl-C in iteration 3
     assert not (tmp_path / "cut" / "summary.json").exists()
     resumed = A.main(["train", "--resume", str(tmp_path / "cut")]) or json.loads((tmp_path / "cut" / "summary.json").read_text())
     strip = lambda curve: [{k: v for k, v in m.items() if "second" not in k} for m in curve]   # timings differ
@@ -832,6 +837,7 @@ def test_stepgroup_credits_the_turn_where_a_shared_state_diverges():
     assert grpo_vs_step[0][4][2] == pytest.approx(1.0, abs=1e-3)                      # the last shared state: no step term
 
 
+# BEGIN TESTS THAT NAME A SILENT BUG (a silent-bug handout leaves these out, whichever bug it plants)
 def test_grpo_groups_come_from_group_id_and_shuffling_changes_no_advantage():
     cfg = tiny_config()
     episodes = []
@@ -847,6 +853,7 @@ def test_grpo_groups_come_from_group_id_and_shuffling_changes_no_advantage():
     order = np.random.default_rng(0).permutation(len(episodes))
     shuffled, _, _ = adv([episodes[i] for i in order])
     assert torch.allclose(shuffled[:, 0], base[order, 0])
+# END TESTS THAT NAME A SILENT BUG
 
 
 def test_reinforce_equals_gae_with_gamma_and_lambda_one():
@@ -1083,16 +1090,9 @@ def test_each_environment_has_its_own_warm_start_length():
 
 def test_an_interrupted_async_run_stops_its_actor_and_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
     import threading
-    before, calls, real_learn = threading.active_count(), [], A.learn
-
-    def interrupted_learn(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real_learn(*args, **kwargs)
-    monkeypatch.setattr(A, "learn", interrupted_learn)
-    with pytest.raises(KeyboardInterrupt):
-        small_run(tmp_path, "async", async_rollout=True, max_staleness=1)
+    before = threading.active_count()
+    interrupted_run(monkeypatch, 2, tiny_config(run_dir=str(tmp_path / "async"), iterations=3, eval_episodes=10,
+                                                pass_k_tasks=4, async_rollout=True, max_staleness=1))
     assert threading.active_count() == before, "the actor thread was joined"
     assert not list((tmp_path / "async").glob("*.tmp"))
 
@@ -1135,17 +1135,7 @@ def test_bad_checkpoints_and_state_files_are_refused_with_a_reason(tmp_path):
 def test_a_resumed_run_continues_in_the_directory_given_and_takes_no_other_flag(tmp_path, monkeypatch, capsys):
     base = dict(iterations=3, eval_episodes=6, pass_k_tasks=2, warm_start_episodes=30, sft_epochs=1, algo="dpo")
     straight = A.train(tiny_config(run_dir=str(tmp_path / "straight"), **base), progress=False)
-    calls, real_learn = [], A.learn
-
-    def interrupted_learn(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real_learn(*args, **kwargs)
-    monkeypatch.setattr(A, "learn", interrupted_learn)
-    with pytest.raises(KeyboardInterrupt):
-        A.train(tiny_config(run_dir=str(tmp_path / "cut"), **base), progress=False)
-    monkeypatch.setattr(A, "learn", real_learn)
+    interrupted_run(monkeypatch, 2, tiny_config(run_dir=str(tmp_path / "cut"), **base))
     __import__("shutil").copytree(tmp_path / "cut", tmp_path / "moved")
     with pytest.raises(SystemExit) as refused:
         A.main(["train", "--resume", str(tmp_path / "moved"), "--lr", "0.01"])
@@ -1250,6 +1240,7 @@ def test_each_cut_is_recorded_by_name():
     assert all(int(batch["tokens"][b, batch["last_pos"][b]]) == tok.act for b in range(4))
 
 
+# BEGIN TESTS THAT NAME A SILENT BUG (a silent-bug handout leaves these out, whichever bug it plants)
 def test_the_value_after_the_last_turn_follows_the_cut():
     ends = {"terminated": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], terminated=True),
             "turn_budget": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True),
@@ -1277,6 +1268,7 @@ def test_the_value_after_the_last_turn_follows_the_cut():
         bad = make_episode("unnamed", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True,
                                                        truncated_by="")])
         A.TrajectoryStore().add(bad, current_version=0)
+# END TESTS THAT NAME A SILENT BUG
 
 
 def random_episodes(n, seed=0):
@@ -1292,6 +1284,7 @@ def random_episodes(n, seed=0):
     return out
 
 
+# BEGIN TESTS THAT NAME A SILENT BUG (a silent-bug handout leaves these out, whichever bug it plants)
 def test_concat_and_per_call_views_give_the_same_loss_and_gradients():
     episodes = random_episodes(6)
     cfg = tiny_config(algo="gae")
@@ -1309,6 +1302,7 @@ def test_concat_and_per_call_views_give_the_same_loss_and_gradients():
     (loss_a, grads_a), (loss_b, grads_b) = results
     assert loss_a == pytest.approx(loss_b, abs=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads_a, grads_b))
+# END TESTS THAT NAME A SILENT BUG
 
 
 def test_per_call_rows_carry_each_steps_own_advantage_and_nothing_else():
@@ -1997,25 +1991,9 @@ def fill(path, exercise, code):
     path.write_text("".join(lines))
 
 
-def test_the_reference_gets_full_marks_through_the_grader_and_writes_gradescopes_results(tmp_path, capsys):
-    with pytest.raises(SystemExit) as done:
-        A.main(["grade", str(REPO), "--only", ",".join(A.EXERCISES), "--json", str(tmp_path / "results.json")])
-    assert done.value.code == 0 and "total 100.0 / 100.0" in capsys.readouterr().out
-    results = json.loads((tmp_path / "results.json").read_text())
-    assert set(results) >= {"score", "execution_time", "output", "visibility", "stdout_visibility", "tests"}
-    assert results["score"] == pytest.approx(100.0) and len(results["tests"]) == 2 * len(A.EXERCISES)
-    for t in results["tests"]:
-        assert set(t) >= {"name", "score", "max_score", "number", "output", "visibility"} and t["score"] == t["max_score"]
-        assert t["visibility"] in ("visible", "after_published", "hidden", "after_due_date")
-
-
 def test_a_fresh_handout_scores_zero_leaks_nothing_and_round_trips(tmp_path):
     out = tmp_path / "handout"
-    assert sorted(A.write_handout(out)) == sorted(A.EXERCISES)
-    report = A.grade(out, only=list(A.EXERCISES))
-    for ex, row in report.items():
-        assert row["checks"] and all(c["status"] == "not started" and c["message"].startswith(f"{ex}: ")
-                                     for c in row["checks"]), (ex, row)
+    assert sorted(A.write_handout(out)) == sorted(A.EXERCISES)     # graded at 0 in the autograder test below
     handout = {name: (out / name).read_text() for name in A.HANDOUT_FILES}
     assert "GRADER ONLY" not in handout["test_agentic_rl.py"] and "ANSWER -->" not in handout["README.md"]
     code = {name: text.splitlines() for name, text in handout.items()}
@@ -2044,6 +2022,10 @@ def test_a_fresh_handout_scores_zero_leaks_nothing_and_round_trips(tmp_path):
     again = subprocess.run([sys.executable, "agentic_rl.py", "homework", "--out", str(tmp_path / "h2")],
                            cwd=out, capture_output=True, text=True)
     assert again.returncode == 1 and "no solution regions found" in again.stderr
+    planted = tmp_path / "planted"
+    A.write_handout(planted, silent_bug="one_group_per_batch")
+    assert A.SILENT_BUGS["one_group_per_batch"][3] in (planted / "agentic_rl.py").read_text()
+    assert "SILENT BUG" not in (planted / "test_agentic_rl.py").read_text()
     for bad, match in [(dict(out=out), "not empty"), (dict(out=REPO / "in-place"), "outside"),
                        (dict(out=tmp_path / "o", only=["nope"]), "unknown exercise")]:
         with pytest.raises(ValueError, match=match):
@@ -2119,4 +2101,15 @@ def test_the_autograder_bundle_grades_the_reference_fully_and_a_fresh_handout_at
         assert done.returncode == (0 if name == "reference" else 1), done.stdout[-2000:] + done.stderr[-2000:]
     total = sum(points for points, _ in A.EXERCISES.values()) + sum(A.EXPERIMENTS.values())
     assert scores["reference"]["score"] == pytest.approx(total) and scores["handout"]["score"] == 0
+    for name, results in scores.items():                             # Gradescope's results.json format
+        assert set(results) >= {"score", "execution_time", "output", "visibility", "stdout_visibility", "tests"}
+        assert len(results["tests"]) == 2 * len(A.EXERCISES) + len(A.EXPERIMENTS) + \
+            sum(any(hidden for ex_, _, _, hidden in EXPERIMENT_CHECKS if ex_ == ex) for ex in A.EXPERIMENTS)
+        for t in results["tests"]:
+            assert set(t) >= {"name", "score", "max_score", "number", "output", "visibility"}
+            assert t["visibility"] in ("visible", "hidden", "after_due_date", "after_published")
+            assert (t["score"] == t["max_score"]) if name == "reference" else t["score"] == 0
+            ex = t["name"].split()[0]
+            if name == "handout" and ex in A.EXERCISES:                # every check reached its own blank
+                assert t["output"].count("[not started]") == t["output"].count("\n" + ex + ": ") > 0, t["output"]
 # END GRADER ONLY
