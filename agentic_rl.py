@@ -72,6 +72,8 @@ import envs
 # ################################################################################################
 @dataclass
 class Config:
+    """Every setting of a run, CPU-sized; each field is a flag (`train --help`) and is checked before
+    anything runs (validate_config, Part II)."""
     env: str = envs.ENV_ID                # gymnasium id: FlightBooking-v0, CodeRepair-v0 or Vault-v0 (AgenticRL/...)
     injection_rate: float = 0.2           # flight only: share of tasks whose search result carries an injected note
     max_turns: int = 0                    # turn budget, part of the task and shown to the policy; 0 = the environment's
@@ -91,7 +93,7 @@ class Config:
     n_layer: int = 2                      # transformer blocks
     n_head: int = 4                       # attention heads
     n_embd: int = 96                      # model width D
-    block_size: int = 192                 # max tokens per episode; the host cuts an episode before it (a trip: 448)
+    block_size: int = 192                 # max tokens per episode; the host cuts an episode before it (3 legs: 480)
     max_action_tokens: int = 6            # generation stops at <eoa> or after this many tokens
     # supervised warm start (the chapter's SFT / cold start)
     warm_start_episodes: int = 2000       # demonstrator episodes; 0 = RL from scratch
@@ -481,8 +483,8 @@ def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
     -1 elsewhere, earlier actions included); turn_mask marks its own turn only; episode (R,) says whose
     row it is. With causal attention the same tokens see the same context in both views, so the same
     advantages give the same loss; what differs is the bookkeeping, where real frameworks shipped bugs
-    (SkyRL #1492 gave every step the last step's mask), and the cost: the rows hold about K^2 / 2
-    turns' worth of tokens where concat holds K."""
+    (SkyRL #1492 gave every step the last step's mask), and the cost: K turns of equal length make
+    (K + 1) / 2 times the tokens of the concatenated row, a cost that grows with the square of K."""
     calls = [(b, k) for b, ep in enumerate(episodes) for k in range(len(ep.turns))]
     out = pack([replace(episodes[b], turns=episodes[b].turns[:k + 1], final_obs_tokens=[]) for b, k in calls],
                tok, block_size)                                                        # (R, T): row = (b, k)
@@ -2903,7 +2905,9 @@ def main(argv=None):
             cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config)}))
         elif args.command == "compare":
             cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config) if hasattr(args, f.name)}))
-            seeds, algos = [int(x) for x in args.seeds.split(",")], args.algos.split(",")
+            seeds, algos = [int(x) for x in args.seeds.split(",") if x.strip().isdigit()], args.algos.split(",")
+            if len(seeds) != len(args.seeds.split(",")):
+                raise ValueError(f"--seeds {args.seeds}: use comma-separated whole numbers, e.g. 0,1,2")
             if not set(algos) <= set(CHOICES["algo"]) or not algos:
                 raise ValueError(f"--algos {args.algos}: use some of {', '.join(CHOICES['algo'])}")
     except ValueError as e:
