@@ -1832,10 +1832,28 @@ REFERENCE_ANSWERS = {  # answers.json as the reference would write it (the autog
     "silent_bug": "ratio_always_one",
     "silent_bug_evidence": "clip_frac and approx_kl are exactly 0 in every iteration of seed 0, seed 1 and seed 2, "
                            "while the reference logs a few tenths of a percent: the ratio never leaves 1",
-    "clock": {"value_zero": [1.0, 1.0, 1.0], "bootstrap_budget": [0.0, 0.0, 0.0],
-              "hidden_clock_value_zero": [1.0, 1.0, 1.0], "hidden_clock_bootstrap_budget": [0.0, 0.0, 0.0],
-              "why": "placeholder until the reference runs are measured: the bootstrap credits a stalled episode "
-                     "with the value of a mid-task state"}}
+    "clock": {"value_zero": [1.0, 1.0, 1.0], "bootstrap_budget": [0.46, 0.0, 0.0],
+              "hidden_clock_value_zero": [1.0, 1.0, 1.0], "hidden_clock_bootstrap_budget": [0.0, 0.43, 0.0],
+              "why": "bootstrapping the task's own budget credits an episode that runs out of turns with V(s_K), the "
+                     "value of a mid-repair state, so stalling costs nothing while a wrong commit costs its 0; the "
+                     "truncation rate climbs and the critic explains nothing. Valued 0, running out is an end"}}
+
+
+@check("clock", hidden=True, table=EXPERIMENT_CHECKS)
+def clock_numbers_show_the_effect_the_reference_runs_show(answers, key):
+    """The reference's runs (README, E3): valuing the budget 0 reaches 1.000 on every seed, bootstrapping it
+    ends at 0.000-0.460, with or without the clock; thresholds leave room for another machine's numbers."""
+    clock_reports_four_settings_over_three_seeds(answers, key)
+    mean = {k: round(sum(answers["clock"][k]) / 3, 3) for k in CLOCK_SETTINGS}
+    assert mean["value_zero"] >= 0.8 and mean["hidden_clock_value_zero"] >= 0.8, \
+        f"answers.json: with the budget valued 0 the reference reaches 1.000 on every seed\n  obtained means {mean}"
+    assert mean["value_zero"] - mean["bootstrap_budget"] >= 0.3 and \
+        mean["hidden_clock_value_zero"] - mean["hidden_clock_bootstrap_budget"] >= 0.3, \
+        f"answers.json: bootstrapping the budget loses 0.85 of the mean dev success in the reference runs " \
+        f"(0.3 or more expected, with and without the clock)\n  obtained means {mean}"
+    why = str(answers["clock"].get("why", "")).lower()
+    assert any(w in why for w in ("bootstrap", "v(s", "value")) and any(w in why for w in ("turn", "budget", "clock")), \
+        "answers.json: clock.why must say what the value after the budget does (bootstrap / V(s)) to the turns"
 
 
 @check("mask", hidden=True)
