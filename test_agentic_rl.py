@@ -1831,7 +1831,7 @@ def clock_reports_four_settings_over_three_seeds(answers, key):
 REFERENCE_ANSWERS = {  # answers.json as the reference would write it (the autograder test grades it)
     "silent_bug": "ratio_always_one",
     "silent_bug_evidence": "clip_frac and approx_kl are exactly 0 in every iteration of seed 0, seed 1 and seed 2, "
-                           "while the reference logs a few tenths of a percent: the ratio never leaves 1",
+                           "while the reference logs a clip_frac of 0.0013-0.0017 on average: the ratio never leaves 1",
     "clock": {"value_zero": [1.0, 1.0, 1.0], "bootstrap_budget": [0.46, 0.0, 0.0],
               "hidden_clock_value_zero": [1.0, 1.0, 1.0], "hidden_clock_bootstrap_budget": [0.0, 0.43, 0.0],
               "why": "bootstrapping the task's own budget credits an episode that runs out of turns with V(s_K), the "
