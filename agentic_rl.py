@@ -897,7 +897,10 @@ class TrajectoryStore:
     """Admits only episodes a learner can trust; refuses bad data with a clear error, never patches it.
     What it admits is a copy, so nobody can change it behind the store's back."""
 
-    def __init__(self, max_staleness: int = 0, vocab_size: int | None = None):
+    def __init__(self, max_staleness: int, vocab_size: int):
+        for name, value, low in (("max_staleness", max_staleness, 0), ("vocab_size", vocab_size, 1)):
+            if type(value) is not int or value < low:
+                raise ValueError(f"TrajectoryStore: {name}={value!r} must be an int >= {low}")
         self.max_staleness, self.vocab_size = max_staleness, vocab_size
         self.episodes, self.seen_ids = [], set()
         self.staleness = Counter()   # versions old -> admitted episodes (the staleness histogram)
@@ -906,12 +909,19 @@ class TrajectoryStore:
     def add(self, ep: Episode, current_version: int):
         """Admit one episode, or raise: StaleEpisode (a ValueError) when it is more than max_staleness
         versions old, ValueError naming the episode and the problem for anything else."""
+        if type(current_version) is not int or current_version < 0:
+            raise ValueError(f"current_version={current_version!r}: the learner's policy_version, an int >= 0")
         # BEGIN SOLUTION store_refusals
         for name in REQUIRED_FIELDS:
             if getattr(ep, name, None) in (None, ""):
                 raise ValueError(f"episode {getattr(ep, 'episode_id', '?')!r}: missing field '{name}'")
         if not isinstance(ep.episode_id, str):
             raise ValueError(f"episode {ep.episode_id!r}: episode_id must be a str")
+        if ep.env_id not in envs.ENV_IDS:
+            raise ValueError(f"episode {ep.episode_id}: env_id {ep.env_id!r} is not one of {', '.join(envs.ENV_IDS)}")
+        if ep.split != "train":
+            raise ValueError(f"episode {ep.episode_id}: split {ep.split!r}; only training episodes are learned from "
+                             "(a held-out episode in the batch leaks the evaluation)")
         if not isinstance(ep.turns, list) or not ep.turns or not all(isinstance(t, Turn) for t in ep.turns):
             raise ValueError(f"episode {ep.episode_id}: turns must be a non-empty list of Turn records")
         if ep.episode_id in self.seen_ids:
@@ -928,7 +938,7 @@ class TrajectoryStore:
         if current_version - ep.policy_version > self.max_staleness:
             raise StaleEpisode(f"episode {ep.episode_id}: policy_version {ep.policy_version} is too stale for "
                                f"version {current_version} (max_staleness={self.max_staleness})")
-        vocab = self.vocab_size or math.inf
+        vocab = self.vocab_size
         for k, t in enumerate(ep.turns):
             if not isinstance(t.action_logprobs, list) or len(t.action_logprobs) != len(t.action_tokens):
                 raise ValueError(f"episode {ep.episode_id} turn {k}: action_logprobs must be a list with one "
@@ -936,7 +946,7 @@ class TrajectoryStore:
             ids = list(t.obs_tokens) + list(t.action_tokens) + (ep.final_obs_tokens if k == len(ep.turns) - 1 else [])
             if not all(type(i) is int and 0 <= i < vocab for i in ids):
                 raise ValueError(f"episode {ep.episode_id} turn {k}: a token id that is not in the vocabulary "
-                                 f"(ints in [0, {self.vocab_size}))")
+                                 f"(ints in [0, {vocab}))")
             values = list(t.action_logprobs) + [t.reward, t.cost]
             if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in values):
                 raise ValueError(f"episode {ep.episode_id} turn {k}: non-finite or non-numeric log-prob, reward or cost")
@@ -1466,6 +1476,10 @@ def validate_config(cfg: Config) -> Config:
         raise ValueError("async_rollout: the actor samples with policy v-1, so max_staleness must be >= 1 (--max-staleness 1)")
     if cfg.max_turns == 1:
         raise ValueError(f"max_turns={cfg.max_turns}: must be 0 (the environment's own) or >= 2")
+    budget = make_env(replace(cfg, time_limit=0, tool_latency_ms=0.0)).unwrapped.max_turns
+    if cfg.time_limit >= budget:  # the task's own budget ends the episode first: the cut would never happen
+        raise ValueError(f"time_limit={cfg.time_limit}: must be below the turn budget ({budget}) to ever cut; "
+                         "0 turns it off")
     return cfg
 
 
@@ -1737,6 +1751,9 @@ def load_run_state(run_dir: str) -> tuple:
     missing = [k for k in STATE_KEYS if k not in state]
     if missing:
         raise ValueError(f"{what}: state.pt lacks {missing}; it cannot be resumed")
+    if type(state["version"]) is not int or state["version"] < 0 or not isinstance(state["history"], list):
+        raise ValueError(f"{what}: state.pt has version {state['version']!r} (an int >= 0 is needed) or no history "
+                         "list; it is damaged and cannot be resumed")
     cfg = saved_config(state, what)
     if cfg.async_rollout:
         raise ValueError(f"{what}: asynchronous runs restart; they cannot be resumed")
@@ -2288,12 +2305,12 @@ EXERCISES = {  # id -> (points, the stub's message: what to write, the formula, 
     "store_refusals": (14, "refuse before admitting anything. Raise StaleEpisode (the ValueError subclass above) "
                            "when current_version - policy_version > max_staleness (equal is fine; add_all counts "
                            "stale episodes and goes on). Raise ValueError for: a REQUIRED_FIELDS value that is None "
-                           "or ''; an episode_id that is not a str or was seen before (take() keeps the ids); turns "
+                           "or ''; an episode_id that is not a str or was seen before (take() keeps the ids); an env_id not in "
+                           "envs.ENV_IDS; a split other than 'train'; turns "
                            "that are not a non-empty list of Turn; policy versions (the episode's and every turn's) "
                            "that are not ints, differ, or exceed current_version; per turn: action_logprobs that is "
                            "not a list with one entry per action token; a token id (observation, action, final "
-                           "observation) that is not an int in [0, vocab_size) (any int >= 0 when vocab_size is "
-                           "None); a log-prob, reward or cost that is not a finite int or float (bools are not); a "
+                           "observation) that is not an int in [0, vocab_size); a log-prob, reward or cost that is not a finite int or float (bools are not); a "
                            "log-prob > 0, a reward outside [0, 1], a cost < 0; an ending (terminated or truncated) "
                            "anywhere but on the last turn, a last turn without one, or both; truncated_by not in "
                            "CUTS on a truncated turn, or not '' on another. Used by learn() before every update."),
@@ -2910,6 +2927,9 @@ def main(argv=None):
                 raise ValueError(f"--seeds {args.seeds}: use comma-separated whole numbers, e.g. 0,1,2")
             if not set(algos) <= set(CHOICES["algo"]) or not algos:
                 raise ValueError(f"--algos {args.algos}: use some of {', '.join(CHOICES['algo'])}")
+            for flag, values in (("--seeds", seeds), ("--algos", algos)):
+                if len(set(values)) != len(values):  # a repeated seed would count one run twice as evidence
+                    raise ValueError(f"{flag} {','.join(map(str, values))}: each value once")
     except ValueError as e:
         parser.error(str(e))
     try:  # ... while a failure during the run is reported as what it is (exit 1)

@@ -318,7 +318,7 @@ def test_bad_input_raises_a_named_value_error(call, match):
 
 
 def test_store_counts_stale_episodes_under_async_and_never_trains_on_them():
-    store = A.TrajectoryStore(max_staleness=1)
+    store = A.TrajectoryStore(max_staleness=1, vocab_size=len(TOK))
     store.add_all([make_episode("fresh", version=4), make_episode("old", version=2)], current_version=5)
     assert [ep.episode_id for ep in store.take()] == ["fresh"] and store.refused_stale == 1
     assert store.staleness == {1: 1}
@@ -328,7 +328,7 @@ def test_store_counts_stale_episodes_under_async_and_never_trains_on_them():
 
 def one_iteration(policy, opt, cfg, store=None, version=0):
     episodes = A.collect(policy, TOK, cfg, version, 0)
-    return A.learn(policy, opt, None, TOK, cfg, store or A.TrajectoryStore(), A.GradMonitor(), episodes, version)
+    return A.learn(policy, opt, None, TOK, cfg, store or A.TrajectoryStore(0, len(TOK)), A.GradMonitor(), episodes, version)
 
 
 def first_iteration_metrics(seed):
@@ -901,13 +901,13 @@ def test_rs_sft_trains_only_on_verified_episodes():
     failed = [make_episode(f"f{i}", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], reward=0.0, terminated=True)])
               for i in range(3)]
     before = [p.detach().clone() for p in policy.parameters()]
-    m = A.learn(policy, opt, None, TOK, cfg, A.TrajectoryStore(), A.GradMonitor(), failed, 0)
+    m = A.learn(policy, opt, None, TOK, cfg, A.TrajectoryStore(0, len(TOK)), A.GradMonitor(), failed, 0)
     assert m["kept"] == 0 and m["learner_steps"] == 0
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters())), "nothing verified, nothing learned"
     mixed = failed[:1] + [make_episode("ok")]
     for ep in mixed:
         ep.episode_id += "-again"
-    m = A.learn(policy, opt, None, TOK, cfg, A.TrajectoryStore(), A.GradMonitor(), mixed, 0)
+    m = A.learn(policy, opt, None, TOK, cfg, A.TrajectoryStore(0, len(TOK)), A.GradMonitor(), mixed, 0)
     assert m["kept"] == 1 and m["learner_steps"] >= 1
 
 
@@ -953,7 +953,7 @@ def test_denied_turns_can_be_kept_from_positive_credit():
     opt = lambda p: torch.optim.AdamW(p.parameters(), lr=1e-4)
     policy = A.make_policy(cfg, len(TOK), "cpu")
     for rule, want in (("shared", 1), ("nonpositive", 1)):
-        m = A.learn(policy, opt(policy), None, TOK, replace_cfg(cfg, deny_credit=rule), A.TrajectoryStore(),
+        m = A.learn(policy, opt(policy), None, TOK, replace_cfg(cfg, deny_credit=rule), A.TrajectoryStore(0, len(TOK)),
                     A.GradMonitor(), [copy_episode(ok, rule), copy_episode(bad, rule)], 0)
         assert m["denied_positive_advantage"] == want, "the denied turn of a winning episode gets +A before capping"
     adv, _, _ = A.advantages_for(A.pack([ok, bad], TOK, 32), [ok, bad], None, cfg)
@@ -1040,6 +1040,39 @@ def test_the_store_refuses_impossible_episodes_by_name():
         with pytest.raises(ValueError, match=match) as refused:
             A.TrajectoryStore(max_staleness=1, vocab_size=len(TOK)).add(ep, current_version=0)
         assert type(refused.value) is ValueError, "only a too-old episode is a StaleEpisode"
+
+
+def test_the_last_loose_refusals_name_what_is_wrong(tmp_path, capsys):
+    for mutate, match in [(lambda ep: setattr(ep, "env_id", "NotAnEnv"), "env_id 'NotAnEnv'"),
+                          (lambda ep: setattr(ep, "split", "test"), "split 'test'"),
+                          (lambda ep: ep.turns[0].action_tokens.__setitem__(0, 10**9), "vocabulary")]:
+        ep = make_episode("odd")
+        mutate(ep)
+        with pytest.raises(ValueError, match=match):
+            A.TrajectoryStore(0, len(TOK)).add(ep, current_version=0)
+    for args, match in [(("1", len(TOK)), "max_staleness='1'"), ((float("nan"), len(TOK)), "max_staleness=nan"),
+                        ((0, None), "vocab_size=None"), ((-1, len(TOK)), "max_staleness=-1")]:
+        with pytest.raises(ValueError, match=match):
+            A.TrajectoryStore(*args)
+    for version in ("3", None, float("nan"), -1):
+        with pytest.raises(ValueError, match="current_version"):
+            A.TrajectoryStore(0, len(TOK)).add(make_episode("v"), current_version=version)
+    cfg = tiny_config()
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    A.save_checkpoint(tmp_path / "ok.pt", policy, TOK, cfg, 0)
+    good = torch.load(tmp_path / "ok.pt", weights_only=True)
+    (tmp_path / "run").mkdir()
+    torch.save({**good, **{k: [] for k in A.STATE_KEYS if k not in good}, "version": "2"}, tmp_path / "run" / "state.pt")
+    with pytest.raises(ValueError, match="version '2'"):
+        A.load_run_state(str(tmp_path / "run"))
+    for limit in (8, 9):  # the flight task's own budget is 8 turns: a time limit of 8 or more never cuts
+        with pytest.raises(ValueError, match="time_limit"):
+            A.validate_config(tiny_config(time_limit=limit))
+    A.validate_config(tiny_config(time_limit=7))
+    for argv in (["compare", "--algos", "grpo,grpo", "--seeds", "0"], ["compare", "--seeds", "0,0"]):
+        with pytest.raises(SystemExit) as usage:
+            A.main(argv)
+        assert usage.value.code == 2 and "each value once" in capsys.readouterr().err
 
 
 def test_every_release_gate_carries_numbers():
@@ -1267,7 +1300,7 @@ def test_the_value_after_the_last_turn_follows_the_cut():
     with pytest.raises(ValueError, match="names its cut"):
         bad = make_episode("unnamed", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True,
                                                        truncated_by="")])
-        A.TrajectoryStore().add(bad, current_version=0)
+        A.TrajectoryStore(0, len(TOK)).add(bad, current_version=0)
 # END TESTS THAT NAME A SILENT BUG
 
 
@@ -1651,21 +1684,21 @@ STORE_BAD = {  # a name -> a change that the store must refuse with a plain Valu
 
 @check("store_refusals")
 def store_accepts_a_good_episode_and_refuses_each_bad_one_as_a_plain_value_error(m):
-    store = m.TrajectoryStore(1)
+    store = m.TrajectoryStore(1, len(TOK))
     store.add(make_episode("ok", version=1), 1)
     same([ep.episode_id for ep in store.take()], ["ok"], "a good episode is admitted, then taken")
     for name, change in STORE_BAD.items():
         ep = make_episode("bad", version=1)
         change(ep)
-        e = refusal(lambda: m.TrajectoryStore(1).add(ep, 1))
+        e = refusal(lambda: m.TrajectoryStore(1, len(TOK)).add(ep, 1))
         assert isinstance(e, ValueError) and type(e).__name__ == "ValueError", \
-            f"TrajectoryStore(max_staleness=1).add(an episode with {name}, current_version=1)\n  expected " \
+            f"TrajectoryStore(1, vocab_size).add(an episode with {name}, current_version=1)\n  expected " \
             f"ValueError\n  obtained {type(e).__name__ if e else 'nothing raised: admitted'}"
 
 
 @check("store_refusals")
 def store_staleness_is_a_stale_episode_at_the_bound_plus_one(m):
-    store = m.TrajectoryStore(2)
+    store = m.TrajectoryStore(2, len(TOK))
     store.add(make_episode("two-old", version=3), 5)
     e = refusal(lambda: store.add(make_episode("three-old", version=2), 5))
     assert e is not None and type(e).__name__ == "StaleEpisode" and isinstance(e, ValueError), \
@@ -1678,7 +1711,7 @@ def store_staleness_is_a_stale_episode_at_the_bound_plus_one(m):
 
 @check("store_refusals")
 def store_duplicates_even_after_take_and_a_refusal_changes_nothing(m):
-    store = m.TrajectoryStore(0)
+    store = m.TrajectoryStore(0, len(TOK))
     store.add(make_episode("dup"), 0)
     assert isinstance(refusal(lambda: store.add(make_episode("dup"), 0)), ValueError), "a duplicate id must be refused"
     store.take()
@@ -1937,7 +1970,7 @@ def store_refuses_what_cannot_happen(m):
     ok = make_episode("cut", version=1, turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], version=1),
                                                make_turn([TOK.obs, 9, TOK.act], [8, TOK.eoa], version=1, truncated=True,
                                                          truncated_by="time_limit")])
-    store = m.TrajectoryStore(0)
+    store = m.TrajectoryStore(0, len(TOK))
     store.add(ok, 1)
     same(store.staleness, {0: 1}, "a two-turn episode cut by a time limit is admitted; the staleness histogram")
 
