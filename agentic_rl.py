@@ -21,7 +21,8 @@ The file is a reader's path in three parts:
                             07 evaluation and release gates, then train(): readable on its own
     Part II  · the system   validation, devices and torchrun, the async actor, checkpoints and run
                             directories, resume, monitors: what train() leans on
-    Part III · the tools    examples, show, play, compare, bench, homework and grade, the CLI
+    Part III · the tools    examples, show, play, compare, bench, the CLI (the course's homework and
+                            grade commands live with their checks, in test_agentic_rl.py)
 
 Run:
     python agentic_rl.py                 # the demo: examples, warm start, GRPO, report card, release gates
@@ -44,15 +45,12 @@ import math
 import os
 import queue
 import random
-import shutil
 import sys
-import textwrap
 import threading
 import time
-import types
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import gymnasium as gym
@@ -2007,7 +2005,7 @@ def format_report_card(columns: dict) -> str:
 
 # ################################################################################################
 # PART III · THE TOOLS
-# The commands around the loop: examples, show, play, compare, bench, homework and grade, the CLI.
+# The commands around the loop: examples, show, play, compare, bench, the CLI (homework and grade: test_agentic_rl.py).
 # ################################################################################################
 def worked_examples() -> dict:
     """The chapter's three hand calculations, computed by the functions training uses."""
@@ -2278,561 +2276,6 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
 
 
 # ------------------------------------------------------------------------------------------------
-# Homework: a handout with the core pieces blanked, a grader that judges outside the student's
-# process, and an autograder bundle for a course's LMS (Gradescope's format)
-# ------------------------------------------------------------------------------------------------
-EXERCISES = {  # id -> (points, the stub's message: what to write, the formula, shapes, returns, errors, where used)
-    "mask": (10, "in pack(), per turn k build three lists as long as its tokens: its observation tokens get "
-                 "mask 0, old log-prob 0.0 and turn_id -1; its action tokens get mask 1, their recorded "
-                 "log-probs (0.0 each when action_logprobs is empty: demonstrations) and turn_id k. The final "
-                 "observation is not in them. Every loss averages over this mask."),
-    "returns": (6, "G_k = r_k + gamma * G_{k+1} with G_K = 0, backwards over the K turns; return a float tensor "
-                   "(K,). gamma 0 gives the rewards back, gamma 1 the suffix sums. Used for stepgroup's returns."),
-    "gae": (10, "delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), where V(s_K) = last_value if bootstrap else 0; "
-                "A_k = delta_k + gamma * lam * A_{k+1}; return (A, A + values), two float tensors (K,). Used by "
-                "critic_credit (--algo gae; reinforce is lam = 1)."),
-    "grpo": (10, "along the last dim (each row is one group): A = (r - mean) / (std + eps) with std the "
-                 "population std ('population'), Bessel's n - 1 ('unbiased') or no division ('none'); a row whose "
-                 "rewards are all equal gives exactly 0.0 (never NaN). Return a tensor shaped like rewards. Used "
-                 "by group_credit (grpo) and step_group_advantages (stepgroup)."),
-    "ppo_clip": (12, "r = exp(logprobs - old_logprobs); per token l = -min(r * A, clip(r, 1 - eps, 1 + eps) * A); "
-                     "loss = sum(l * mask) / sum(mask), a 0-d tensor autograd can differentiate; return (loss, "
-                     "{'clip_frac': share of masked tokens with |r - 1| > eps, 'approx_kl': masked mean of "
-                     "(r - 1) - log r}), both stats Python floats. Used by ppo_step_loss."),
-    "kl_k3": (6, "per token k3 = exp(d) - d - 1 with d = ref_logprobs - logprobs (mind the direction): a tensor "
-                 "shaped like the inputs, >= 0, whose mean under pi is KL(pi || pi_ref). Used by ppo_step_loss "
-                 "when --kl-coef > 0."),
-    "store_refusals": (14, "refuse before admitting anything. Raise StaleEpisode (the ValueError subclass above) "
-                           "when current_version - policy_version > max_staleness (equal is fine; add_all counts "
-                           "stale episodes and goes on). Raise ValueError for: a REQUIRED_FIELDS value that is None "
-                           "or ''; an episode_id that is not a str or was seen before (take() keeps the ids); an env_id not in "
-                           "envs.ENV_IDS; a split other than 'train'; turns "
-                           "that are not a non-empty list of Turn; policy versions (the episode's and every turn's) "
-                           "that are not ints, differ, or exceed current_version; per turn: action_logprobs that is "
-                           "not a list with one entry per action token; a token id (observation, action, final "
-                           "observation) that is not an int in [0, vocab_size); a log-prob, reward or cost that is not a finite int or float (bools are not); a "
-                           "log-prob > 0, a reward outside [0, 1], a cost < 0; an ending (terminated or truncated) "
-                           "anywhere but on the last turn, a last turn without one, or both; truncated_by not in "
-                           "CUTS on a truncated turn, or not '' on another. Used by learn() before every update."),
-    "permission_rule": (8, "VaultEnv.permission_rule(task, executed, tool, args): return 'open_unprobed' when tool "
-                           "is 'open' and no executed (t, a, obs) has t == 'probe' and a == args; otherwise fall "
-                           "through to the return None below. Used by HostGate before anything executes."),
-    "sign_test": (8, "p = P(X >= wins) for X ~ Binomial(n = wins + losses, 1/2): the sum over k = wins..n of "
-                     "C(n, k) / 2^n, a Python float; 1.0 when n = 0. Used by promotion_decision."),
-    "promotion": (16, "return (promoted, reason, gates). gates is a list of dicts, in this order, each with the keys "
-                      "gate, value, rule, passed, observed, limit: 'significant gain' (wins / losses = paired dev "
-                      "tasks the candidate alone / the incumbent alone solved, from per_task; observed "
-                      "sign_test_p(wins, losses), limit GATE_LEVEL, passed observed < limit; also keys wins and "
-                      "losses); 'unauthorized side effects' (observed the candidate's count, limit 0, passed =="
-                      "); 'safety denials' (observed the candidate's safety_denials, limit the incumbent's, passed "
-                      "<=); 'category NAME' for each of the incumbent's categories (observed the candidate's "
-                      "success there, 0.0 if absent; limit the incumbent's success - max(MAX_CATEGORY_DROP, 1 / "
-                      "tasks); passed observed >= limit - 1e-9); 'cost KEY' for KEY in tokens_per_success, "
-                      "tool_calls_per_success, credits_per_success of efficiency (limit (1 + MAX_COST_GROWTH) x "
-                      "the incumbent's, or None if that is None; passed if limit is None, or the candidate's value "
-                      "is not None and <= limit). promoted = every gate passed; reason names the first failed "
-                      "gate or says all passed; value and rule are free text. Used at the end of train()."),
-}
-
-
-EXPERIMENTS = {"silent_bug": 20, "clock": 20}  # points of the open exercises graded from answers.json
-SILENT_BUGS = {  # id -> (what a reader would call it, the function it is in, the line as written, as planted)
-    "loss_on_observations": ("the policy loss also covers observation and prompt tokens", "ppo_step_loss",
-                             "ppo_clip_loss(logprobs, old_logprobs, adv, mask, cfg.clip_eps)",
-                             "ppo_clip_loss(logprobs, old_logprobs, adv, (tokens > 0).float(), cfg.clip_eps)"),
-    "ratio_always_one": ("the old log-probs are recomputed by the current policy, so the ratio starts at 1",
-                         "ppo_step_loss", "ppo_clip_loss(logprobs, old_logprobs, adv, mask, cfg.clip_eps)",
-                         "ppo_clip_loss(logprobs, logprobs.detach(), adv, mask, cfg.clip_eps)"),
-    "one_group_per_batch": ("GRPO normalises rewards over the whole batch instead of each task's group",
-                            "group_credit", "members = [b for b, of in enumerate(group_of) if of == g]",
-                            "members = list(range(len(group_of)))"),
-    "budget_bootstrapped": ("the value after the task's own budget is bootstrapped like an outside cut",
-                            "value_after", "return ep.truncated and (", "return ep.truncated or ("),
-}
-HANDOUT_FILES = ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "README.md", "requirements.txt", ".ci/run")
-STRIPPED = {"test_agentic_rl.py": "# {} GRADER ONLY", "README.md": "<!-- {} ANSWER -->"}  # regions kept from handouts
-
-
-def solution_regions(text: str, name: str = "file") -> dict:
-    """id -> (first, last) line index of each `# BEGIN SOLUTION id` ... `# END SOLUTION id` pair."""
-    regions, open_id = {}, None
-    for i, line in enumerate(text.splitlines()):
-        words = line.split()
-        if words[1:3] not in (["BEGIN", "SOLUTION"], ["END", "SOLUTION"]) or words[0] != "#":
-            continue
-        ex = words[3] if len(words) == 4 else None
-        if ex not in EXERCISES:
-            raise ValueError(f"{name}:{i + 1}: marker needs one known exercise id ({', '.join(EXERCISES)})")
-        if words[1] == "BEGIN":
-            if open_id or ex in regions:
-                raise ValueError(f"{name}:{i + 1}: '{ex}' is nested in '{open_id}' or appears twice")
-            open_id, regions[ex] = ex, (i, None)
-        elif open_id != ex:
-            raise ValueError(f"{name}:{i + 1}: END SOLUTION {ex} without its BEGIN")
-        else:
-            open_id, regions[ex] = None, (regions[ex][0], i)
-    if open_id:
-        raise ValueError(f"{name}: BEGIN SOLUTION {open_id} is never closed")
-    return regions
-
-
-def blank_solutions(text: str, only=None, name: str = "file") -> tuple:
-    """Replace each solution region by a stub that raises, at the marker's indentation; the rest of
-    the file (signatures, docstrings, validation) stays byte-identical. Returns (text, blanked ids)."""
-    lines, regions = text.splitlines(keepends=True), solution_regions(text, name)
-    blanked = [ex for ex in regions if only is None or ex in only]
-    for ex in sorted(blanked, key=lambda e: -regions[e][0]):      # bottom up, so indices stay valid
-        first, last = regions[ex]
-        indent = lines[first][:len(lines[first]) - len(lines[first].lstrip())]
-        stub = [f"{indent}# TODO({ex}): replace this raise with your implementation\n",
-                f"{indent}raise NotImplementedError({f'{ex}: {EXERCISES[ex][1]}'!r})\n"]
-        lines[first:last + 1] = stub
-    return "".join(lines), blanked
-
-
-def strip_marked(text: str, marker: str) -> str:
-    """Drop every region from a line starting marker.format('BEGIN') to one starting marker.format('END')."""
-    out, inside = [], False
-    for line in text.splitlines(keepends=True):
-        if line.strip().startswith((marker.format("BEGIN"), marker.format("END"))):
-            inside = line.strip().startswith(marker.format("BEGIN"))
-        elif not inside:
-            out.append(line)
-    return "".join(out)
-
-
-def write_handout(out, only=None, silent_bug=None) -> list:
-    """`homework --out DIR`: copy the project with the solution regions blanked, the hidden checks and
-    the open exercises' answers left out, and (--silent-bug) one realistic bug planted; never in place."""
-    src, out = Path(__file__).resolve().parent, Path(out).resolve()
-    if out == src or src in out.parents:
-        raise ValueError(f"--out {out}: must be outside this repository (the reference is never overwritten)")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"--out {out}: is not empty (or not a directory); choose a new directory")
-    unknown = set(only or ()) - set(EXERCISES)
-    if unknown:
-        raise ValueError(f"--only {sorted(unknown)}: unknown exercise; use {', '.join(EXERCISES)}")
-    if silent_bug not in (None, *SILENT_BUGS):
-        raise ValueError(f"--silent-bug {silent_bug}: use one of {', '.join(SILENT_BUGS)}")
-    blanked, texts = [], {}
-    for name in HANDOUT_FILES:
-        texts[name] = (src / name).read_text()
-        if name.endswith(".py"):
-            blanked += solution_regions(texts[name], name)
-            texts[name] = blank_solutions(texts[name], only, name)[0]
-        if name in STRIPPED:
-            texts[name] = strip_marked(texts[name], STRIPPED[name])
-    if not blanked:
-        raise ValueError(f"{src}: no solution regions found (is this already a handout?)")
-    blanked = [ex for ex in blanked if only is None or ex in only]
-    if silent_bug:
-        _, function, written, planted = SILENT_BUGS[silent_bug]
-        start, end = function_spans(texts["agentic_rl.py"])[function]
-        lines = texts["agentic_rl.py"].splitlines(keepends=True)
-        body = "".join(lines[start - 1:end])
-        if body.count(written) != 1:
-            raise ValueError(f"--silent-bug {silent_bug}: its line is not in {function}() exactly once")
-        texts["agentic_rl.py"] = "".join(lines[:start - 1]) + body.replace(written, planted) + "".join(lines[end:])
-        texts["test_agentic_rl.py"] = strip_marked(texts["test_agentic_rl.py"], "# {} TESTS THAT NAME A SILENT BUG")
-    try:
-        for name, text in texts.items():
-            (out / name).parent.mkdir(parents=True, exist_ok=True)
-            (out / name).write_text(text)
-            shutil.copymode(src / name, out / name)
-    except OSError as e:
-        raise ValueError(f"--out {out}: cannot write there ({e.strerror or e})") from None
-    return blanked
-
-
-def to_wire(x, handles: dict):
-    """A value as plain JSON for the grader's pipe: tensors, tuples, dicts, dataclasses tagged; any other
-    object (a store, a function, a module) stays where it is and travels as a handle to it."""
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return x
-    if isinstance(x, (list, tuple)):
-        items = [to_wire(v, handles) for v in x]
-        return items if type(x) is list else {"~tuple": items}
-    if isinstance(x, dict):
-        return {"~dict": [[to_wire(k, handles), to_wire(v, handles)] for k, v in x.items()]}
-    if isinstance(x, torch.Tensor):
-        return {"~tensor": x.detach().cpu().tolist(), "dtype": str(x.dtype).split(".")[-1]}
-    if isinstance(x, (np.ndarray, np.generic)):
-        return to_wire(x.tolist(), handles)
-    if is_dataclass(x) and not isinstance(x, type):
-        return {"~dataclass": type(x).__name__, "fields": {f.name: to_wire(getattr(x, f.name), handles) for f in fields(x)}}
-    if hasattr(x, "_wire_handle"):                    # the grader passing back a handle it was given
-        return {"~handle": x._wire_handle}
-    key = next((k for k, v in handles.items() if v is x), len(handles))
-    handles[key] = x
-    return {"~handle": key, "type": type(x).__name__}
-
-
-def from_wire(x, build, handle):
-    """The inverse of to_wire; build(name, fields) makes a dataclass, handle(tag) resolves a handle."""
-    if isinstance(x, list):
-        return [from_wire(v, build, handle) for v in x]
-    if not isinstance(x, dict):
-        return x
-    if "~tuple" in x:
-        return tuple(from_wire(v, build, handle) for v in x["~tuple"])
-    if "~dict" in x:
-        return {from_wire(k, build, handle): from_wire(v, build, handle) for k, v in x["~dict"]}
-    if "~tensor" in x:
-        return torch.tensor(x["~tensor"], dtype=getattr(torch, x["dtype"]))
-    if "~dataclass" in x:
-        return build(x["~dataclass"], {k: from_wire(v, build, handle) for k, v in x["fields"].items()})
-    return handle(x)
-
-
-def grade_worker():
-    """The student's side of grade(), run in their own process: import their agentic_rl.py and envs.py
-    (the current directory holds nothing else), then answer the grader's requests, one JSON line each:
-    getattr / call / grad on a handle (0 = agentic_rl, 1 = envs), or swap in the reference versions of
-    the other exercises' pieces. It returns values or what the student's code raised; it judges nothing."""
-    proto, table, saved = os.fdopen(os.dup(1), "w"), {}, {}
-    os.dup2(2, 1)                                      # the student's prints go to stderr, never into the protocol
-
-    def answer(**reply):
-        proto.write(json.dumps(reply) + "\n")
-        proto.flush()
-
-    def raised(e):
-        return answer(raised=[c.__name__ for c in type(e).__mro__], message=f"{e}"[:4000])
-    try:
-        import agentic_rl as A
-        import envs as E
-    except BaseException as e:
-        return raised(e)
-    table.update({0: A, 1: E})
-    build = lambda name, f: getattr(A if hasattr(A, name) else E, name)(**f)
-    answer(ready=True)
-    for line in sys.stdin:
-        req = json.loads(line)
-        try:
-            args = from_wire(req.get("args", []), build, lambda tag: table[tag["~handle"]])
-            kwargs = from_wire(req.get("kwargs", {"~dict": []}), build, lambda tag: table[tag["~handle"]])
-            target = table[req.get("target", 0)]
-            if req["op"] == "swap":
-                for (owner, name), value in saved.items():
-                    setattr(owner, name, value)
-                for module, qualname, source in req["pieces"]:
-                    *path, name = qualname.split(".")
-                    owner = table[module]
-                    for part in path:
-                        owner = getattr(owner, part)
-                    saved.setdefault((owner, name), owner.__dict__[name])
-                    scope = {}
-                    exec(compile(source, f"<reference {qualname}>", "exec"), table[module].__dict__, scope)
-                    setattr(owner, name, scope[name])
-                result = None
-            elif req["op"] == "getattr":
-                result = getattr(target, req["name"])
-            elif req["op"] == "call":
-                result = target(*args, **kwargs)
-            else:                                      # grad: the loss and d loss / d args[wrt]
-                args[req["wrt"]] = args[req["wrt"]].detach().clone().requires_grad_()
-                result = target(*args, **kwargs)
-                (result[0] if isinstance(result, tuple) else result).backward()
-                result = (result, args[req["wrt"]].grad)
-            answer(value=to_wire(result, table))
-        except BaseException as e:                     # sys.exit too: it is an answer, not the end
-            raised(e)
-
-
-class GradeTimeout(Exception):
-    pass
-
-
-class WorkerGone(Exception):
-    pass
-
-
-class GradeWorker:
-    """One student process running grade_worker, and the pipe to it; every reply has a deadline."""
-
-    def __init__(self, folder, seconds: float):
-        import subprocess
-        code = "\n".join(["import json, os, sys", "from dataclasses import fields, is_dataclass",
-                          "import numpy as np", "import torch"] +
-                         [inspect.getsource(f) for f in (to_wire, from_wire, grade_worker)] + ["grade_worker()"])
-        self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=folder, text=True, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.lines, self.stderr = queue.Queue(), deque(maxlen=20)
-        threading.Thread(target=lambda: [self.lines.put(x) for x in self.proc.stdout] + [self.lines.put(None)],
-                         daemon=True).start()
-        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
-        self.deadline, self.exercise = time.monotonic() + seconds, None
-        self.ready = self._receive()
-
-    def _receive(self) -> dict:
-        try:
-            line = self.lines.get(timeout=max(0.0, self.deadline - time.monotonic()))
-        except queue.Empty:
-            self.close()
-            raise GradeTimeout() from None
-        if line is None:
-            raise WorkerGone(f"exit code {self.proc.wait()}; last output: {' '.join(self.stderr)[-300:]}")
-        return json.loads(line)
-
-    def value(self, **request):
-        try:
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-        except OSError:
-            raise WorkerGone(f"exit code {self.proc.wait()}") from None
-        reply = self._receive()
-        if "raised" in reply:
-            raise student_error(reply)
-        return from_wire(reply["value"], lambda name, f: types.SimpleNamespace(**f),
-                         lambda tag: Remote(self, tag["~handle"]))
-
-    def close(self):
-        self.proc.kill()
-        self.proc.wait()
-
-
-def student_error(reply: dict) -> Exception:
-    """What the student's code raised, re-raised here as a subclass of the nearest built-in exception
-    (so `except ValueError` still works) with the student's class name; never a SystemExit of ours."""
-    import builtins
-    base = next((b for b in (getattr(builtins, n, None) for n in reply["raised"])
-                 if isinstance(b, type) and issubclass(b, Exception)), Exception)
-    return type(reply["raised"][0], (base,), {"from_student": True})(reply["message"])
-
-
-class Remote:
-    """A student's object as the grader sees it: attribute access and calls become requests to their
-    process, and the answers come back as plain data (tensors, lists, namespaces), never their code."""
-
-    def __init__(self, worker: GradeWorker, handle: int):
-        self._worker, self._wire_handle = worker, handle
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return self._worker.value(op="getattr", target=self._wire_handle, name=name)
-
-    def __call__(self, *args, **kwargs):
-        return self._worker.value(op="call", target=self._wire_handle, args=to_wire(list(args), {}),
-                                  kwargs=to_wire(kwargs, {}))
-
-    def grad(self, wrt: int, *args, **kwargs):
-        """(what the function returns, d loss / d args[wrt]), computed in the student's process."""
-        return self._worker.value(op="grad", target=self._wire_handle, wrt=wrt, args=to_wire(list(args), {}),
-                                  kwargs=to_wire(kwargs, {}))
-
-
-def function_spans(text: str) -> dict:
-    """qualname -> (first, last) line (1-based, decorators included) of every function in a source."""
-    import ast
-    spans = {}
-
-    def visit(body, prefix):
-        for node in body:
-            if isinstance(node, ast.ClassDef):
-                visit(node.body, prefix + node.name + ".")
-            elif isinstance(node, ast.FunctionDef):
-                spans[prefix + node.name] = (min([d.lineno for d in node.decorator_list] + [node.lineno]), node.end_lineno)
-    visit(ast.parse(text).body, "")
-    return spans
-
-
-def reference_pieces(skip: str) -> list:
-    """[module handle, qualname, source] of the function holding each exercise other than `skip`, as
-    this installation has it, so every exercise is graded with the reference version of the others.
-    None from a handout, whose pieces are blanks."""
-    pieces = []
-    for handle, path in ((0, Path(__file__)), (1, Path(envs.__file__))):
-        text = path.read_text()
-        lines, spans = text.splitlines(), function_spans(text)
-        for ex, (first, _) in solution_regions(text, path.name).items():
-            if ex != skip:
-                name, (start, end) = max(((q, span) for q, span in spans.items() if span[0] <= first + 1 <= span[1]),
-                                         key=lambda item: item[1][0])             # the innermost function
-                pieces.append([handle, name, textwrap.dedent("\n".join(lines[start - 1:end]))])
-    return pieces
-
-
-def grading_checks():
-    """The checks of the grading installation: test_agentic_rl.py beside this file (a handout's copy
-    holds the visible ones only), never a file in the directory being graded."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("grading_checks", Path(__file__).with_name("test_agentic_rl.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.HOMEWORK, module.EXPERIMENT_CHECKS
-
-
-def verdict(e: Exception) -> tuple:
-    """(status, message) for what a check raised: a blank, a wrong value, a stop, or a crash."""
-    if isinstance(e, NotImplementedError):
-        return "not started", str(e)
-    if isinstance(e, AssertionError):
-        return "wrong", str(e)
-    if isinstance(e, GradeTimeout):
-        return "time limit", "stopped at the time limit: an endless loop, or far too slow"
-    if isinstance(e, WorkerGone):
-        return "crashes", f"your code ended its process ({e})"
-    return "crashes", f"{type(e).__name__}: {e}" + (" (raised by your code)" if getattr(e, "from_student", 0) else "")
-
-
-def run_check(check, *args) -> tuple:
-    """(status, message) of one check; the check runs here, in the grader's process."""
-    try:
-        check(*args)
-        return "passed", ""
-    except Exception as e:
-        return verdict(e)
-
-
-def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None) -> dict:
-    """Grade a submission: its agentic_rl.py and envs.py (nothing else from it) run in a process of
-    their own, one exercise at a time within time_limit seconds, against this installation's checks;
-    every verdict is reached here. answers.json in the directory is read for the open exercises.
-    Returns {exercise: {"points", "checks": [{"name", "hidden", "status", "message"}]}}."""
-    import tempfile
-    directory, report = Path(directory).resolve(), {}
-    homework, experiment_checks = grading_checks()
-    problems = []
-    for name in ("agentic_rl.py", "envs.py"):
-        try:
-            compile((directory / name).read_text(), name, "exec")
-        except (OSError, SyntaxError, ValueError) as e:
-            problems.append(f"{name} cannot be graded: {type(e).__name__}: {e}")
-    wanted = [ex for ex in EXERCISES if only is None or ex in only]
-    with tempfile.TemporaryDirectory() as folder:
-        for name in ("agentic_rl.py", "envs.py") if not problems else ():
-            shutil.copy(directory / name, Path(folder) / name)
-        worker = None
-        for ex in wanted:
-            report[ex], deadline = {"points": EXERCISES[ex][0], "checks": []}, time.monotonic() + time_limit
-            for check_ex, name, check, hidden in homework:
-                if check_ex != ex:
-                    continue
-                done = report[ex]["checks"]
-                if problems:
-                    status, message = "crashes", problems[0]
-                elif done and done[-1]["status"] == "time limit":
-                    status, message = "time limit", "not run: an earlier check of this exercise used up its time"
-                else:
-                    try:
-                        if worker is None or worker.proc.poll() is not None or worker.exercise != ex:
-                            if worker is None or worker.proc.poll() is not None:
-                                worker = GradeWorker(folder, time_limit)
-                                if "raised" in worker.ready:
-                                    raise student_error(worker.ready)
-                            worker.deadline, worker.exercise = deadline, ex
-                            worker.value(op="swap", pieces=reference_pieces(ex))  # the others: the reference's
-                        status, message = run_check(check, Remote(worker, 0))
-                    except Exception as e:  # the student's files do not even import, or hang while importing
-                        status, message = verdict(e)
-                        message = f"agentic_rl.py does not import: {message}"
-                done.append({"name": name, "hidden": hidden, "status": status, "message": message})
-        if worker is not None:
-            worker.close()
-    answers_file = directory / "answers.json"
-    try:
-        answers = json.loads(answers_file.read_text()) if answers_file.exists() else None
-    except ValueError as e:
-        answers = {"~unreadable": str(e)}
-    key = {"silent_bug": silent_bug or (Path(__file__).with_name("silent_bug.txt").read_text().strip()
-                                        if Path(__file__).with_name("silent_bug.txt").exists() else None)}
-    for ex in (e for e in EXPERIMENTS if only is None or e in only):
-        report[ex] = {"points": EXPERIMENTS[ex], "checks": []}
-        for check_ex, name, check, hidden in experiment_checks:
-            if check_ex == ex:
-                status, message = ("not started", "no answers.json in the submission") if answers is None else \
-                    run_check(check, answers, key)
-                report[ex]["checks"].append({"name": name, "hidden": hidden, "status": status, "message": message})
-    return report
-
-
-def score(row: dict, hidden=None) -> tuple:
-    """(points earned, points possible) of an exercise's checks (all, or only the hidden / visible ones):
-    every check of an exercise is worth the same share of its points."""
-    part = [c for c in row["checks"] if hidden is None or c["hidden"] == hidden]
-    share = row["points"] / max(1, len(row["checks"]))
-    return share * sum(c["status"] == "passed" for c in part), share * len(part)
-
-
-def print_grade(report: dict) -> bool:
-    print(f"{'exercise':<16}{'points':>14}  {'checks':>8}  status")
-    for ex, row in report.items():
-        earned, possible = score(row)
-        passed = sum(c["status"] == "passed" for c in row["checks"])
-        worst = next((c for c in row["checks"] if c["status"] != "passed"), None)
-        print(f"{ex:<16}{earned:>7.1f} / {possible:<5.1f} {passed:>3}/{len(row['checks']):<3}  "
-              f"{'ok' if worst is None else worst['status'] + ': ' + worst['name']}")
-    for ex, row in report.items():
-        for c in row["checks"]:
-            if c["status"] not in ("passed", "not started"):
-                print(f"\n[{ex}] {c['name']} ({'hidden' if c['hidden'] else 'visible'} check): {c['status']}\n"
-                      f"{textwrap.indent(c['message'], '    ')}")
-    earned, possible = (sum(score(row)[i] for row in report.values()) for i in (0, 1))
-    print(f"\ntotal {earned:.1f} / {possible:.1f}: " + ("every check passed" if earned == possible else
-                                                     "some checks did not pass"))
-    return earned == possible
-
-
-def gradescope_results(report: dict, seconds: float) -> dict:
-    """Gradescope's results.json: one test per exercise and visibility; hidden checks show after publishing."""
-    tests = []
-    for number, (ex, row) in enumerate(report.items(), start=1):
-        for hidden in (False, True):
-            part = [c for c in row["checks"] if c["hidden"] == hidden]
-            if part:
-                earned, possible = score(row, hidden)
-                tests.append({"name": f"{ex} ({'hidden' if hidden else 'visible'} checks)",
-                              "number": f"{number}.{int(hidden) + 1}", "score": round(earned, 2),
-                              "max_score": round(possible, 2), "visibility": "after_published" if hidden else "visible",
-                              "output": "\n".join(f"[{c['status']}] {c['name']}" + (f"\n{c['message']}" if c["message"]
-                                                                                    else "") for c in part)})
-    return {"score": round(sum(t["score"] for t in tests), 2), "execution_time": round(seconds, 1),
-            "output": "agentic-rl homework: each exercise's visible checks, then its hidden ones",
-            "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
-
-
-AUTOGRADER_SETUP = """#!/usr/bin/env bash
-# Gradescope runs this once, in /autograder/source, to build the grading image.
-set -euo pipefail
-apt-get update && apt-get install -y python3 python3-pip
-cd /autograder/source
-python3 -m pip install --break-system-packages torch --index-url https://download.pytorch.org/whl/cpu
-python3 -m pip install --break-system-packages -r requirements.txt
-"""
-AUTOGRADER_RUN = """#!/usr/bin/env bash
-# Gradescope runs this for every submission; the student's files are in /autograder/submission.
-cd /autograder/source
-python3 agentic_rl.py grade /autograder/submission --json /autograder/results/results.json || true
-"""
-
-
-def write_autograder(path, silent_bug=None) -> list:
-    """`homework --autograder OUT.zip`: Gradescope's bundle, setup.sh and run_autograder at its root with
-    the grading installation (the reference and every check, hidden ones included)."""
-    import zipfile
-    path, src = Path(path), Path(__file__).resolve().parent
-    if path.suffix != ".zip" or path.exists():
-        raise ValueError(f"--autograder {path}: name a new .zip file")
-    if silent_bug not in (None, *SILENT_BUGS):
-        raise ValueError(f"--silent-bug {silent_bug}: use one of {', '.join(SILENT_BUGS)}")
-    members = {"setup.sh": AUTOGRADER_SETUP, "run_autograder": AUTOGRADER_RUN,
-               **{name: (src / name).read_text() for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py",
-                                                               "requirements.txt")}}
-    if silent_bug:
-        members["silent_bug.txt"] = silent_bug + "\n"
-    try:
-        with zipfile.ZipFile(path, "w") as z:
-            for name, text in members.items():
-                info = zipfile.ZipInfo(name)
-                info.external_attr = (0o755 if name in ("setup.sh", "run_autograder") else 0o644) << 16
-                z.writestr(info, text)
-    except OSError as e:
-        raise ValueError(f"--autograder {path}: cannot write there ({e.strerror or e})") from None
-    return list(members)
-
-
-# ------------------------------------------------------------------------------------------------
 # The command line
 # ------------------------------------------------------------------------------------------------
 def add_config_flags(parser, only=None):
@@ -2849,7 +2292,6 @@ def add_config_flags(parser, only=None):
 
 def _field_comments() -> dict:
     """--help text = the comment beside each Config field (one source of truth)."""
-    import inspect
     out = {}
     for line in inspect.getsource(Config).splitlines():
         if ":" in line and "#" in line and "=" in line:
@@ -2857,9 +2299,28 @@ def _field_comments() -> dict:
     return out
 
 
+COURSE_COMMANDS = {"homework": "write a student handout, or Gradescope's autograder zip",
+                   "grade": "grade a submission in a sandbox against this installation's checks"}
+
+
+def course_command(argv):
+    """`homework` and `grade` are the course's machinery: they live with the checks they run, in
+    test_agentic_rl.py, and a student's handout leaves them out."""
+    try:
+        import test_agentic_rl as course
+    except ImportError as e:
+        sys.exit(f"agentic_rl.py {argv[0]}: cannot load test_agentic_rl.py beside this file ({e})")
+    if not hasattr(course, "course_main"):
+        sys.exit(f"agentic_rl.py {argv[0]}: this copy is a handout; handouts and grading need the course's "
+                 "installation (the full repository)")
+    course.course_main(argv)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("demo", "examples", "train", "eval", "show", "play", "compare", "bench", "homework", "grade")
+    if argv and argv[0] in COURSE_COMMANDS:
+        return course_command(argv)
+    commands = ("demo", "examples", "train", "eval", "show", "play", "compare", "bench") + tuple(COURSE_COMMANDS)
     if not argv or argv[0] not in commands + ("-h", "--help"):
         argv = ["demo"] + argv
     parser = argparse.ArgumentParser(description="Agentic RL in one file: see the module docstring.", allow_abbrev=False)
@@ -2893,25 +2354,13 @@ def main(argv=None):
     p_bench.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds (a smoke test, not figures)")
     p_bench.add_argument("--out", default="runs/bench", help="where bench.json goes (default runs/bench)")
     add_config_flags(p_bench, only=("device",))
-    p_hw = sub.add_parser("homework", help="write a student handout (or --autograder: Gradescope's zip)")
-    target = p_hw.add_mutually_exclusive_group(required=True)
-    target.add_argument("--out", help="a new directory outside this repository, for the handout")
-    target.add_argument("--autograder", help="a new .zip: setup.sh, run_autograder and the grading installation")
-    p_hw.add_argument("--only", default=None, help=f"comma-separated exercise ids (default all: {', '.join(EXERCISES)})")
-    p_hw.add_argument("--silent-bug", default=None, choices=("random",) + tuple(SILENT_BUGS),
-                      help="plant one of the silent bugs (the open exercise silent_bug); give the autograder the same")
-    p_grade = sub.add_parser("grade", help="grade a submission's agentic_rl.py and envs.py against this installation")
-    p_grade.add_argument("dir", nargs="?", default=".", help="the submission directory (default: here)")
-    p_grade.add_argument("--only", default=None, help="comma-separated exercise ids (default: all)")
-    p_grade.add_argument("--json", default=None, help="also write Gradescope's results.json here")
-    p_grade.add_argument("--time-limit", type=float, default=60.0, help="seconds per exercise (default 60)")
-    p_grade.add_argument("--silent-bug", default=None, choices=tuple(SILENT_BUGS), help="the bug planted in the handout")
+    for name in COURSE_COMMANDS:
+        sub.add_parser(name, help="the course's machinery (test_agentic_rl.py): " + COURSE_COMMANDS[name])
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"put the command first: agentic_rl.py {rest[0]} ..." if rest[0] in commands else
                      f"unrecognized arguments: {' '.join(rest)}")
     try:  # bad flags and bad files are usage errors (exit 2) ...
-        only = args.only.split(",") if getattr(args, "only", None) else None
         if args.command == "eval":
             device = resolve_device(args.device)
             policy, tok, cfg, version = load_checkpoint(args.ckpt, device)
@@ -2945,23 +2394,6 @@ def main(argv=None):
             compare(cfg, seeds, algos, args.out)
         elif args.command == "bench":
             bench(args.device, args.quick, args.out)
-        elif args.command == "homework":
-            bug = random.choice(sorted(SILENT_BUGS)) if args.silent_bug == "random" else args.silent_bug
-            if args.autograder:
-                print(f"wrote {args.autograder}: {', '.join(write_autograder(args.autograder, bug))}")
-            else:
-                blanked = write_handout(args.out, only, bug)
-                print(f"wrote a handout to {args.out} with {len(blanked)} blanked exercises: {', '.join(blanked)}\n"
-                      f"students: grep -n 'TODO(' *.py; python -m pytest -q -m homework")
-            if bug:
-                print(f"the planted bug is {bug!r}: keep it from the students; grade with --silent-bug {bug}")
-        elif args.command == "grade":
-            t = time.time()
-            report = grade(args.dir, only, args.time_limit, args.silent_bug)
-            if args.json:
-                atomic_write(args.json, lambda f: f.write(json.dumps(gradescope_results(report, time.time() - t),
-                                                                    indent=2).encode()))
-            sys.exit(0 if print_grade(report) else 1)
         else:
             if args.command == "demo":
                 print_examples()

@@ -4,10 +4,12 @@ Run: python -m pytest -q test_agentic_rl.py      (about a minute on 2 CPU cores)
 """
 import json
 import math
+import re
 import subprocess
 import sys
 import warnings
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import gymnasium as gym
@@ -1194,8 +1196,6 @@ def test_settings_that_would_fail_late_are_refused_up_front(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="cannot write"):
         A.bench("cpu", quick=True, out=str(tmp_path / "file"))
-    with pytest.raises(ValueError, match="--out"):
-        A.write_handout(tmp_path / "file" / "x")
     with pytest.raises(ValueError, match="seed"):
         A.play(envs.FLIGHT_ID, seed=-1, stream=iter([]))
 
@@ -1829,30 +1829,41 @@ def promotion_gates_carry_their_numbers(m):
     same(gates[4]["limit"], 1.25 * 1000 / 50, "the tokens-per-success gate's limit: 1.25 x the incumbent's 20.0")
 
 
-CLOCK_SETTINGS = ("value_zero", "bootstrap_budget", "hidden_clock_value_zero", "hidden_clock_bootstrap_budget")
+CLOCK_SETTINGS = {"value_zero": {}, "bootstrap_budget": {"bootstrap_budget": True},  # E3: the flags of each setting
+                  "hidden_clock_value_zero": {"hide_clock": True},
+                  "hidden_clock_bootstrap_budget": {"bootstrap_budget": True, "hide_clock": True}}
+E3_RUN, E8_RUNS = {"env": envs.CODE_ID, "algo": "gae"}, ({}, {"env": envs.CODE_ID, "algo": "gae"})  # on top of defaults
 
 
-@check("silent_bug", table=EXPERIMENT_CHECKS)
-def silent_bug_is_named(answers, key):
-    assert key["silent_bug"], "the grader was not told which bug was planted (grade --silent-bug ID; the " \
-                              "autograder bundle carries it)"
-    named = answers.get("silent_bug")
-    assert named in A.SILENT_BUGS, f"answers.json: silent_bug must be one of {sorted(A.SILENT_BUGS)}\n  obtained {named!r}"
-    assert named == key["silent_bug"], f"answers.json: silent_bug {named!r} is not the bug planted in this handout"
+def run_record(run_dir) -> dict:
+    """A run's evidence for answers.json, as the run wrote it: summary.json and every line of metrics.jsonl.
+    python -c "import json, test_agentic_rl as t; print(json.dumps(t.run_record('runs/DIR')))" """
+    run_dir = Path(run_dir)
+    return {"summary": json.loads((run_dir / "summary.json").read_text()),
+            "metrics": [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]}
 
 
-@check("silent_bug", table=EXPERIMENT_CHECKS)
-def silent_bug_evidence_cites_the_monitors_over_three_seeds(answers, key):
-    evidence = str(answers.get("silent_bug_evidence", ""))
-    cited = [k for k in sorted(MONITOR_KEYS) if k in evidence]
-    assert len(evidence.split()) >= 20 and cited and all(f"seed {s}" in evidence or f"s{s}" in evidence for s in "012"), \
-        "answers.json: silent_bug_evidence must be at least 20 words, cite a metric from metrics.jsonl (e.g. " \
-        f"clip_frac, entropy) and give its value for seed 0, seed 1 and seed 2\n  obtained {evidence!r}"
+def record_of(record, what, seed, **asked) -> dict:
+    """The record's own settings must be the command asked for (these flags and the seed, every other
+    setting at its default but where the run goes), and its parts must agree with each other."""
+    summary, metrics = (record.get("summary"), record.get("metrics")) if isinstance(record, dict) else (None, None)
+    assert isinstance(summary, dict) and isinstance(summary.get("config"), dict) and isinstance(metrics, list) and \
+        all(isinstance(m, dict) for m in metrics), f"{what}: a run record is {{'summary': summary.json, 'metrics': " \
+                                                   "[each line of metrics.jsonl]}} (run_record(RUN_DIR) makes one)"
+    config, defaults = summary["config"], asdict(A.Config())
+    wanted = {**{k: v for k, v in defaults.items() if k not in ("run_dir", "overwrite", "device", "eval_every")},
+              **asked, "seed": seed}
+    wrong = {k: config.get(k) for k, v in wanted.items() if config.get(k) != v}
+    assert not wrong, f"{what}: the run's settings are not the command asked for ({', '.join(f'{k}={v!r}' for k, v in asked.items()) or 'the defaults'}, seed {seed})\n  obtained {wrong}"
+    curve = [round(m.get("success", -1), 4) for m in metrics]
+    assert len(metrics) == config["iterations"] and curve == summary.get("train_success_curve"), \
+        f"{what}: metrics.jsonl and summary.json disagree (iterations, or the training success per iteration)"
+    return summary
 
 
 @check("clock", table=EXPERIMENT_CHECKS)
 def clock_reports_four_settings_over_three_seeds(answers, key):
-    clock = answers.get("clock", {})
+    clock = answers.get("clock") if isinstance(answers.get("clock"), dict) else {}
     got = {k: clock.get(k) for k in CLOCK_SETTINGS}
     assert all(isinstance(v, list) and len(v) == 3 and all(isinstance(x, (int, float)) and 0 <= x <= 1 for x in v)
                for v in got.values()), f"answers.json: clock must map each of {list(CLOCK_SETTINGS)} to the final " \
@@ -1860,23 +1871,42 @@ def clock_reports_four_settings_over_three_seeds(answers, key):
     assert len(str(clock.get("why", "")).split()) >= 15, "answers.json: clock.why must explain the result (15 words or more)"
 
 
+@check("clock", table=EXPERIMENT_CHECKS)
+def clock_numbers_are_the_runs_own_records(answers, key):
+    clock_reports_four_settings_over_three_seeds(answers, key)
+    runs = answers["clock"].get("runs") if isinstance(answers["clock"].get("runs"), dict) else {}
+    for setting, flags in CLOCK_SETTINGS.items():
+        records = runs.get(setting)
+        assert isinstance(records, list) and len(records) == 3, \
+            f"answers.json: clock.runs.{setting} must hold the three runs' records (seeds 0, 1, 2)"
+        for seed, record in enumerate(records):
+            summary = record_of(record, f"clock.runs.{setting}[{seed}]", seed, **E3_RUN, **flags)
+            reported = answers["clock"][setting][seed]
+            assert abs(reported - summary["candidate"]["dev_success"]) <= 5e-4, \
+                f"answers.json: clock.{setting}[{seed}] = {reported}, but that run's summary.json says candidate " \
+                f"dev_success {summary['candidate']['dev_success']}"
+
+
+@check("silent_bug", table=EXPERIMENT_CHECKS)
+def silent_bug_answer_names_a_bug_and_carries_six_runs(answers, key):
+    named, evidence = answers.get("silent_bug"), str(answers.get("silent_bug_evidence", ""))
+    assert isinstance(named, str) and named.strip(), "answers.json: silent_bug must name the bug you found"
+    assert len(evidence.split()) >= 20 and any(k in evidence for k in MONITOR_KEYS) and re.search(r"\d", evidence), \
+        "answers.json: silent_bug_evidence must be at least 20 words that cite a metric of metrics.jsonl (e.g. " \
+        f"clip_frac) and its values in your runs\n  obtained {evidence!r}"
+    runs = answers.get("silent_bug_runs")
+    assert isinstance(runs, list) and len(runs) == 6, "answers.json: silent_bug_runs must hold six run records: " \
+                                                      "the demo and CodeRepair with gae, seeds 0, 1, 2 each"
+    for i, record in enumerate(runs):
+        record_of(record, f"silent_bug_runs[{i}]", i % 3, **E8_RUNS[i // 3])
+
+
 # BEGIN GRADER ONLY: the hidden checks, kept out of handouts
-REFERENCE_ANSWERS = {  # answers.json as the reference would write it (the autograder test grades it)
-    "silent_bug": "ratio_always_one",
-    "silent_bug_evidence": "clip_frac and approx_kl are exactly 0 in every iteration of seed 0, seed 1 and seed 2, "
-                           "while the reference logs a clip_frac of 0.0013-0.0017 on average: the ratio never leaves 1",
-    "clock": {"value_zero": [1.0, 1.0, 1.0], "bootstrap_budget": [0.46, 0.0, 0.0],
-              "hidden_clock_value_zero": [1.0, 1.0, 1.0], "hidden_clock_bootstrap_budget": [0.0, 0.43, 0.0],
-              "why": "bootstrapping the task's own budget credits an episode that runs out of turns with V(s_K), the "
-                     "value of a mid-repair state, so stalling costs nothing while a wrong commit costs its 0; the "
-                     "truncation rate climbs and the critic explains nothing. Valued 0, running out is an end"}}
-
-
 @check("clock", hidden=True, table=EXPERIMENT_CHECKS)
 def clock_numbers_show_the_effect_the_reference_runs_show(answers, key):
     """The reference's runs (README, E3): valuing the budget 0 reaches 1.000 on every seed, bootstrapping it
     ends at 0.000-0.460, with or without the clock; thresholds leave room for another machine's numbers."""
-    clock_reports_four_settings_over_three_seeds(answers, key)
+    clock_numbers_are_the_runs_own_records(answers, key)
     mean = {k: round(sum(answers["clock"][k]) / 3, 3) for k in CLOCK_SETTINGS}
     assert mean["value_zero"] >= 0.8 and mean["hidden_clock_value_zero"] >= 0.8, \
         f"answers.json: with the budget valued 0 the reference reaches 1.000 on every seed\n  obtained means {mean}"
@@ -1889,10 +1919,43 @@ def clock_numbers_show_the_effect_the_reference_runs_show(answers, key):
         "answers.json: clock.why must say what the value after the budget does (bootstrap / V(s)) to the turns"
 
 
+@check("silent_bug", hidden=True, table=EXPERIMENT_CHECKS)
+def silent_bug_is_the_one_planted_in_this_handout(answers, key):
+    assert key["silent_bug"], "the grader was not told which bug was planted (grade --silent-bug ID, a handout id " \
+                              "with --hidden-seed, or the bundle's silent_bug.txt)"
+    assert answers.get("silent_bug") == key["silent_bug"], \
+        f"answers.json: silent_bug {answers.get('silent_bug')!r} is not the bug planted in this handout"
+
+
+def numbers_in(text: str) -> list:
+    """(value, decimals shown) of every number written in a text."""
+    return [(float(s), len(s.split(".")[1]) if "." in s else 0) for s in re.findall(r"(?<![\w.])\d+(?:\.\d+)?", text)]
+
+
+@check("silent_bug", hidden=True, table=EXPERIMENT_CHECKS)
+def silent_bug_evidence_is_the_runs_numbers_and_they_show_the_bug(answers, key):
+    """The evidence quotes, for every seed, a value (one iteration's, or the run's mean, to the digits
+    written) of a metric it names, read from that seed's records; and the planted bug's signature is in
+    the records of its environment on two seeds of three."""
+    silent_bug_answer_names_a_bug_and_carries_six_runs(answers, key)
+    evidence, runs = answers["silent_bug_evidence"], answers["silent_bug_runs"]
+    cited, written = [k for k in MONITOR_KEYS if re.search(rf"\b{k}\b", evidence)], numbers_in(evidence)
+    for seed in range(3):
+        values = [v for i in (seed, seed + 3) for k in cited for v in [m.get(k) for m in runs[i]["metrics"]] +
+                  [mean_of(runs[i]["metrics"], k) if all(isinstance(m.get(k), (int, float)) for m in runs[i]["metrics"])
+                   else None] if isinstance(v, (int, float))]
+        assert any(abs(v - x) <= (0.5 * 10 ** -d if d else 0) + 1e-12 for v in values for x, d in written), \
+            f"answers.json: silent_bug_evidence quotes no value of {cited or 'a metric'} that seed {seed}'s runs logged"
+    if key["silent_bug"] in SILENT_BUGS:
+        env_id, signature, holds = SILENT_BUGS[key["silent_bug"]][4]
+        seen = [holds(r["metrics"]) for r in runs if r["summary"]["config"]["env"] == env_id]
+        assert sum(seen) >= 2, f"the runs in silent_bug_runs do not show the planted bug's signature ({signature})"
+
+
 @check("mask", hidden=True)
 def mask_matches_the_reference_on_other_episodes(m):
-    mask_invariants_on_random_episodes(m, seed=11)
-    episodes = random_episodes(5, seed=12)
+    mask_invariants_on_random_episodes(m, seed=int(hidden_rng(11).integers(2**31)))
+    episodes = random_episodes(5, seed=int(hidden_rng(12).integers(2**31)))
     for ep in episodes:
         ep.final_obs_tokens = [TOK.obs, 9, 9, 9, TOK.act]
     same(m.pack(episodes, m.make_tokenizer(envs.FLIGHT_ID), 80), A.pack(episodes, TOK, 80),
@@ -1901,15 +1964,16 @@ def mask_matches_the_reference_on_other_episodes(m):
 
 @check("returns", hidden=True)
 def returns_match_the_reference_on_other_inputs(m):
-    returns_satisfy_the_recursion(m, seed=21)
-    for rewards, gamma in [([0.0], 0.3), ([2.0, -1.0], 0.75), ([0.5] * 9, 0.99)]:
+    rng = hidden_rng(21)
+    returns_satisfy_the_recursion(m, seed=int(rng.integers(2**31)))
+    for rewards, gamma in [(rng.normal(size=k).round(2).tolist(), round(float(rng.random()), 2)) for k in (1, 2, 9)]:
         same(m.discounted_returns(rewards, gamma), A.discounted_returns(rewards, gamma),
              f"discounted_returns({rewards}, gamma={gamma})")
 
 
 @check("gae", hidden=True)
 def gae_matches_the_reference_on_other_inputs(m):
-    rng = np.random.default_rng(31)
+    rng = hidden_rng(31)
     for _ in range(5):
         k = int(rng.integers(1, 7))
         r, v = rng.normal(size=k).round(3).tolist(), rng.normal(size=k).round(3).tolist()
@@ -1921,16 +1985,18 @@ def gae_matches_the_reference_on_other_inputs(m):
 
 @check("grpo", hidden=True)
 def grpo_matches_the_reference_on_other_inputs(m):
-    rows = torch.tensor(np.random.default_rng(41).integers(0, 2, size=(5, 8)), dtype=torch.float32)
+    rng = hidden_rng(41)
+    rows = torch.tensor(rng.integers(0, 2, size=(5, 8)), dtype=torch.float32)
     for std in ("population", "unbiased", "none"):
         same(m.group_advantages(rows, std=std), A.group_advantages(rows, std=std),
              f"group_advantages(0/1 rewards {rows.tolist()}, std={std!r})", tol=1e-4)
-    same(m.group_advantages([3.0, 1.0]), A.group_advantages([3.0, 1.0]), "group_advantages([3, 1])", tol=1e-4)
+    pair = rng.normal(size=2).round(2).tolist()
+    same(m.group_advantages(pair), A.group_advantages(pair), f"group_advantages({pair})", tol=1e-4)
 
 
 @check("ppo_clip", hidden=True)
 def ppo_clip_matches_the_reference_on_other_inputs(m):
-    g = torch.Generator().manual_seed(51)
+    g = torch.Generator().manual_seed(int(hidden_rng(51).integers(2**31)))
     logp, old = torch.randn(3, 6, generator=g) * 0.4, torch.randn(3, 6, generator=g) * 0.4
     adv, mask = torch.randn(3, 6, generator=g), (torch.rand(3, 6, generator=g) > 0.3).float()
     for eps in (0.1, 0.3):
@@ -1941,7 +2007,7 @@ def ppo_clip_matches_the_reference_on_other_inputs(m):
 
 @check("kl_k3", hidden=True)
 def kl_k3_matches_the_reference_on_other_inputs(m):
-    g = torch.Generator().manual_seed(61)
+    g = torch.Generator().manual_seed(int(hidden_rng(61).integers(2**31)))
     a, b = torch.randn(2, 7, generator=g), torch.randn(2, 7, generator=g)
     same(m.kl_k3(a, b), A.kl_k3(a, b), "kl_k3 on random 2 x 7 inputs", tol=1e-5)
 
@@ -1978,9 +2044,10 @@ def store_refuses_what_cannot_happen(m):
 @check("permission_rule", hidden=True)
 def permission_rule_other_codes_and_the_other_environments_keep_their_rules(m):
     rule = m.envs.VaultEnv.permission_rule
-    probes = [("probe", [c], f"{c} is low") for c in ("2", "9", "13")]
-    for code, want in [("9", None), ("13", None), ("12", "open_unprobed"), ("1", "open_unprobed")]:
-        same(rule({}, probes, "open", [code]), want, f"permission_rule after probing 2, 9 and 13: open {code}")
+    codes = [str(c) for c in hidden_rng(81).choice(np.arange(1, 31), size=5, replace=False)]
+    probes = [("probe", [c], f"{c} is low") for c in codes[:3]]
+    for code, want in [(codes[1], None), (codes[2], None), (codes[3], "open_unprobed"), (codes[4], "open_unprobed")]:
+        same(rule({}, probes, "open", [code]), want, f"permission_rule after probing {', '.join(codes[:3])}: open {code}")
     same(rule({}, [("status", [], "status : locked")], "open", ["5"]), "open_unprobed", "status is not a probe")
     flight = {"passenger": "ana", "class": "economy", "legs": 1}
     same([m.envs.FlightBookingEnv.permission_rule(flight, [], "book", ["F1", "ben", "economy"]),
@@ -1990,7 +2057,7 @@ def permission_rule_other_codes_and_the_other_environments_keep_their_rules(m):
 
 @check("sign_test", hidden=True)
 def sign_test_matches_the_binomial_tail_elsewhere(m):
-    for wins, losses in [(1, 0), (0, 1), (15, 5), (40, 26), (7, 7)]:
+    for wins, losses in [(1, 0), (0, 1)] + [tuple(int(x) for x in hidden_rng(91 + i).integers(0, 50, size=2)) for i in range(3)]:
         n = wins + losses
         same(m.sign_test_p(wins, losses), sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n,
              f"sign_test_p({wins}, {losses})", tol=1e-9)
@@ -1998,7 +2065,7 @@ def sign_test_matches_the_binomial_tail_elsewhere(m):
 
 @check("promotion", hidden=True)
 def promotion_matches_the_reference_on_other_report_cards(m):
-    rng = np.random.default_rng(71)
+    rng = hidden_rng(71)
     for _ in range(6):
         n = 60
         cats = {"a": {"tasks": 20, "success": float(rng.integers(0, 21)) / 20},
@@ -2021,13 +2088,1063 @@ def test_hw(exercise, name, check_fn, hidden):
     check_fn(A)
 
 
-# BEGIN GRADER ONLY: tests of the reference's own handout and grader
-# ------------------------------------------------------------------------------------------------
-# The handout and the grader: what a teaching assistant sees on grading day
-# ------------------------------------------------------------------------------------------------
+# BEGIN GRADER ONLY: the course's machinery (handouts, the grader, the autograder bundle) and its tests
+# ================================================================================================
+# The course's machinery. `python agentic_rl.py homework ...` and `python agentic_rl.py grade ...`
+# land in course_main() below; it lives here, with the checks it runs, and every handout leaves it out.
+# The grader treats the submission as hostile:
+# - what the submission provides is read first (a link, a special file or a huge file is refused by
+#   name); results are written last, after every process the submission started is gone;
+# - each exercise runs in a fresh worker, forked from a server that has imported torch and nothing of
+#   ours, in a session of its own, killed with everything it started, under a memory limit; as root,
+#   as an unprivileged user with no network, which can neither read the grading installation (the
+#   bundle's setup.sh makes it unreadable) nor write the results;
+# - only inputs cross, on a socket of its own with length-prefixed frames (prints go elsewhere, as
+#   bytes): never reference code or expected values. A piece that an exercise calls from another
+#   exercise (promotion calls sign_test_p) is answered by the grader, value by value;
+# - every verdict is reached in the grader's process; hidden checks carry half of each exercise's
+#   points and draw their inputs from the course's secret (--hidden-seed), so this public file is no
+#   answer key; the experiments are graded on the runs' own records.
+# ================================================================================================
+import argparse
+import hashlib
+import inspect
+import os
+import random
+import shutil
+import socket
+import stat
+import struct
+import tempfile
+import textwrap
+import threading
+import time
+import types
+from dataclasses import fields, is_dataclass
+
 REPO = Path(A.__file__).resolve().parent
 
 
+EXERCISES = {  # id -> (points, the stub's message: what to write, the formula, shapes, returns, errors, where used)
+    "mask": (10, "in pack(), per turn k build three lists as long as its tokens: its observation tokens get "
+                 "mask 0, old log-prob 0.0 and turn_id -1; its action tokens get mask 1, their recorded "
+                 "log-probs (0.0 each when action_logprobs is empty: demonstrations) and turn_id k. The final "
+                 "observation is not in them. Every loss averages over this mask."),
+    "returns": (6, "G_k = r_k + gamma * G_{k+1} with G_K = 0, backwards over the K turns; return a float tensor "
+                   "(K,). gamma 0 gives the rewards back, gamma 1 the suffix sums. Used for stepgroup's returns."),
+    "gae": (10, "delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), where V(s_K) = last_value if bootstrap else 0; "
+                "A_k = delta_k + gamma * lam * A_{k+1}; return (A, A + values), two float tensors (K,). Used by "
+                "critic_credit (--algo gae; reinforce is lam = 1)."),
+    "grpo": (10, "along the last dim (each row is one group): A = (r - mean) / (std + eps) with std the "
+                 "population std ('population'), Bessel's n - 1 ('unbiased') or no division ('none'); a row whose "
+                 "rewards are all equal gives exactly 0.0 (never NaN). Return a tensor shaped like rewards. Used "
+                 "by group_credit (grpo) and step_group_advantages (stepgroup)."),
+    "ppo_clip": (12, "r = exp(logprobs - old_logprobs); per token l = -min(r * A, clip(r, 1 - eps, 1 + eps) * A); "
+                     "loss = sum(l * mask) / sum(mask), a 0-d tensor autograd can differentiate; return (loss, "
+                     "{'clip_frac': share of masked tokens with |r - 1| > eps, 'approx_kl': masked mean of "
+                     "(r - 1) - log r}), both stats Python floats. Used by ppo_step_loss."),
+    "kl_k3": (6, "per token k3 = exp(d) - d - 1 with d = ref_logprobs - logprobs (mind the direction): a tensor "
+                 "shaped like the inputs, >= 0, whose mean under pi is KL(pi || pi_ref). Used by ppo_step_loss "
+                 "when --kl-coef > 0."),
+    "store_refusals": (14, "refuse before admitting anything. Raise StaleEpisode (the ValueError subclass above) "
+                           "when current_version - policy_version > max_staleness (equal is fine; add_all counts "
+                           "stale episodes and goes on). Raise ValueError for: a REQUIRED_FIELDS value that is None "
+                           "or ''; an episode_id that is not a str or was seen before (take() keeps the ids); an env_id not in "
+                           "envs.ENV_IDS; a split other than 'train'; turns "
+                           "that are not a non-empty list of Turn; policy versions (the episode's and every turn's) "
+                           "that are not ints, differ, or exceed current_version; per turn: action_logprobs that is "
+                           "not a list with one entry per action token; a token id (observation, action, final "
+                           "observation) that is not an int in [0, vocab_size); a log-prob, reward or cost that is not a finite int or float (bools are not); a "
+                           "log-prob > 0, a reward outside [0, 1], a cost < 0; an ending (terminated or truncated) "
+                           "anywhere but on the last turn, a last turn without one, or both; truncated_by not in "
+                           "CUTS on a truncated turn, or not '' on another. Used by learn() before every update."),
+    "permission_rule": (8, "VaultEnv.permission_rule(task, executed, tool, args): return 'open_unprobed' when tool "
+                           "is 'open' and no executed (t, a, obs) has t == 'probe' and a == args; otherwise fall "
+                           "through to the return None below. Used by HostGate before anything executes."),
+    "sign_test": (8, "p = P(X >= wins) for X ~ Binomial(n = wins + losses, 1/2): the sum over k = wins..n of "
+                     "C(n, k) / 2^n, a Python float; 1.0 when n = 0. Used by promotion_decision."),
+    "promotion": (16, "return (promoted, reason, gates). gates is a list of dicts, in this order, each with the keys "
+                      "gate, value, rule, passed, observed, limit: 'significant gain' (wins / losses = paired dev "
+                      "tasks the candidate alone / the incumbent alone solved, from per_task; observed "
+                      "sign_test_p(wins, losses), limit GATE_LEVEL, passed observed < limit; also keys wins and "
+                      "losses); 'unauthorized side effects' (observed the candidate's count, limit 0, passed =="
+                      "); 'safety denials' (observed the candidate's safety_denials, limit the incumbent's, passed "
+                      "<=); 'category NAME' for each of the incumbent's categories (observed the candidate's "
+                      "success there, 0.0 if absent; limit the incumbent's success - max(MAX_CATEGORY_DROP, 1 / "
+                      "tasks); passed observed >= limit - 1e-9); 'cost KEY' for KEY in tokens_per_success, "
+                      "tool_calls_per_success, credits_per_success of efficiency (limit (1 + MAX_COST_GROWTH) x "
+                      "the incumbent's, or None if that is None; passed if limit is None, or the candidate's value "
+                      "is not None and <= limit). promoted = every gate passed; reason names the first failed "
+                      "gate or says all passed; value and rule are free text. Used at the end of train()."),
+}
+
+
+EXERCISE_FILE = {ex: "envs.py" if ex == "permission_rule" else "agentic_rl.py" for ex in EXERCISES}
+CALLBACKS = {"promotion": ["sign_test_p"]}   # another exercise's piece that this one calls: the grader answers
+EXPERIMENTS = {"silent_bug": 20, "clock": 20}  # points of the open exercises graded from answers.json
+SILENT_BUGS = {  # id -> (what a reader would call it, the function, the line as written, as planted, its signature)
+    "loss_on_observations": ("the policy loss also covers observation and prompt tokens", "ppo_step_loss",
+                             "ppo_clip_loss(logprobs, old_logprobs, adv, mask, cfg.clip_eps)",
+                             "ppo_clip_loss(logprobs, old_logprobs, adv, (tokens > 0).float(), cfg.clip_eps)",
+                             (envs.FLIGHT_ID, "mean clip_frac above 0.1", lambda ms: mean_of(ms, "clip_frac") > 0.1)),
+    "ratio_always_one": ("the old log-probs are recomputed by the current policy, so the ratio starts at 1",
+                         "ppo_step_loss", "ppo_clip_loss(logprobs, old_logprobs, adv, mask, cfg.clip_eps)",
+                         "ppo_clip_loss(logprobs, logprobs.detach(), adv, mask, cfg.clip_eps)",
+                         (envs.FLIGHT_ID, "clip_frac and approx_kl 0 in every iteration",
+                          lambda ms: all(m["clip_frac"] == 0 and m["approx_kl"] == 0 for m in ms))),
+    "one_group_per_batch": ("GRPO normalises rewards over the whole batch instead of each task's group",
+                            "group_credit", "members = [b for b, of in enumerate(group_of) if of == g]",
+                            "members = list(range(len(group_of)))",
+                            (envs.FLIGHT_ID, "zero_std_groups 0 in every iteration",
+                             lambda ms: all(m["zero_std_groups"] == 0 for m in ms))),
+    "budget_bootstrapped": ("the value after the task's own budget is bootstrapped like an outside cut",
+                            "value_after", "return ep.truncated and (", "return ep.truncated or (",
+                            (envs.CODE_ID, "a training truncation_rate of 0.3 or more",
+                             lambda ms: max(m["truncation_rate"] for m in ms) >= 0.3)),
+}
+HANDOUT_FILES = ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "README.md", "requirements.txt", ".ci/run")
+STRIPPED = {"test_agentic_rl.py": "# {} GRADER ONLY", "README.md": "<!-- {} ANSWER -->"}  # regions kept from handouts
+SANDBOX_USER = "agentic_rl_student"   # made by the bundle's setup.sh; as root elsewhere, `nobody` stands in
+MEMORY_LIMIT = 2 << 30                # bytes of address space a worker may add to what torch already maps
+
+
+def mean_of(metrics, key) -> float:
+    return sum(m[key] for m in metrics) / max(1, len(metrics))
+
+
+def solution_regions(text: str, name: str = "file") -> dict:
+    """id -> (first, last) line index of each `# BEGIN SOLUTION id` ... `# END SOLUTION id` pair."""
+    regions, open_id = {}, None
+    for i, line in enumerate(text.splitlines()):
+        words = line.split()
+        if words[1:3] not in (["BEGIN", "SOLUTION"], ["END", "SOLUTION"]) or words[0] != "#":
+            continue
+        ex = words[3] if len(words) == 4 else None
+        if ex not in EXERCISES:
+            raise ValueError(f"{name}:{i + 1}: marker needs one known exercise id ({', '.join(EXERCISES)})")
+        if words[1] == "BEGIN":
+            if open_id or ex in regions:
+                raise ValueError(f"{name}:{i + 1}: '{ex}' is nested in '{open_id}' or appears twice")
+            open_id, regions[ex] = ex, (i, None)
+        elif open_id != ex:
+            raise ValueError(f"{name}:{i + 1}: END SOLUTION {ex} without its BEGIN")
+        else:
+            open_id, regions[ex] = None, (regions[ex][0], i)
+    if open_id:
+        raise ValueError(f"{name}: BEGIN SOLUTION {open_id} is never closed")
+    return regions
+
+
+def blank_solutions(text: str, only=None, name: str = "file") -> tuple:
+    """Replace each solution region by a stub that raises, at the marker's indentation; the rest of
+    the file (signatures, docstrings, validation) stays byte-identical. Returns (text, blanked ids)."""
+    lines, regions = text.splitlines(keepends=True), solution_regions(text, name)
+    blanked = [ex for ex in regions if only is None or ex in only]
+    for ex in sorted(blanked, key=lambda e: -regions[e][0]):      # bottom up, so indices stay valid
+        first, last = regions[ex]
+        indent = lines[first][:len(lines[first]) - len(lines[first].lstrip())]
+        stub = [f"{indent}# TODO({ex}): replace this raise with your implementation\n",
+                f"{indent}raise NotImplementedError({f'{ex}: {EXERCISES[ex][1]}'!r})\n"]
+        lines[first:last + 1] = stub
+    return "".join(lines), blanked
+
+
+def strip_marked(text: str, marker: str) -> str:
+    """Drop every region from a line starting marker.format('BEGIN') to one starting marker.format('END')."""
+    out, inside = [], False
+    for line in text.splitlines(keepends=True):
+        if line.strip().startswith((marker.format("BEGIN"), marker.format("END"))):
+            inside = line.strip().startswith(marker.format("BEGIN"))
+        elif not inside:
+            out.append(line)
+    return "".join(out)
+
+
+def function_spans(text: str) -> dict:
+    """qualname -> (first, last) line (1-based, decorators included) of every function in a source."""
+    import ast
+    spans = {}
+
+    def visit(body, prefix):
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, prefix + node.name + ".")
+            elif isinstance(node, ast.FunctionDef):
+                spans[prefix + node.name] = (min([d.lineno for d in node.decorator_list] + [node.lineno]), node.end_lineno)
+    visit(ast.parse(text).body, "")
+    return spans
+
+
+
+def handout_tag(secret: str, nonce: str, bug: str) -> str:
+    """The handout's id names its planted bug only to whoever holds the course's secret."""
+    return hashlib.sha256(f"{secret}|{nonce}|{bug}".encode()).hexdigest()[:16]
+
+
+def bug_of_handout(handout, secret):
+    """The bug planted in the handout whose id ('nonce-tag') a submission carries, or None."""
+    nonce, _, tag = str(handout).partition("-")
+    return next((bug for bug in SILENT_BUGS if secret and handout_tag(secret, nonce, bug) == tag), None)
+
+
+def answers_template(handout_id=None) -> dict:
+    """answers.json as a handout ships it: the keys the graded experiments (E3, E8) fill in."""
+    return {**({"handout": handout_id} if handout_id else {}), "silent_bug": "", "silent_bug_evidence": "",
+            "silent_bug_runs": [], "clock": {**{k: [] for k in CLOCK_SETTINGS}, "why": "", "runs": {}}}
+
+
+def write_handout(out, only=None, silent_bug=None, hidden_seed=None) -> list:
+    """`homework --out DIR`: copy the project with the solution regions blanked, the hidden checks, the
+    grader and the open exercises' answers left out, and (--silent-bug) one realistic bug planted; with
+    --hidden-seed, answers.json carries an id that names the bug to the grader only. Never in place."""
+    src, out = REPO, Path(out).resolve()
+    if out == src or src in out.parents:
+        raise ValueError(f"--out {out}: must be outside this repository (the reference is never overwritten)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out {out}: is not empty (or not a directory); choose a new directory")
+    unknown = set(only or ()) - set(EXERCISES)
+    if unknown:
+        raise ValueError(f"--only {sorted(unknown)}: unknown exercise; use {', '.join(EXERCISES)}")
+    if silent_bug not in (None, *SILENT_BUGS):
+        raise ValueError(f"--silent-bug {silent_bug}: use one of {', '.join(SILENT_BUGS)}")
+    blanked, texts = [], {}
+    for name in HANDOUT_FILES:
+        texts[name] = (src / name).read_text()
+        if name.endswith(".py"):
+            blanked += solution_regions(texts[name], name)
+            texts[name] = blank_solutions(texts[name], only, name)[0]
+        if name in STRIPPED:
+            texts[name] = strip_marked(texts[name], STRIPPED[name])
+    if not blanked:
+        raise ValueError(f"{src}: no solution regions found (is this already a handout?)")
+    blanked = [ex for ex in blanked if only is None or ex in only]
+    handout_id = None
+    if silent_bug:
+        _, function, written, planted, _ = SILENT_BUGS[silent_bug]
+        start, end = function_spans(texts["agentic_rl.py"])[function]
+        lines = texts["agentic_rl.py"].splitlines(keepends=True)
+        body = "".join(lines[start - 1:end])
+        if body.count(written) != 1:
+            raise ValueError(f"--silent-bug {silent_bug}: its line is not in {function}() exactly once")
+        texts["agentic_rl.py"] = "".join(lines[:start - 1]) + body.replace(written, planted) + "".join(lines[end:])
+        texts["test_agentic_rl.py"] = strip_marked(texts["test_agentic_rl.py"], "# {} TESTS THAT NAME A SILENT BUG")
+        if hidden_seed:
+            nonce = f"{random.SystemRandom().getrandbits(48):012x}"
+            handout_id = f"{nonce}-{handout_tag(hidden_seed, nonce, silent_bug)}"
+    texts["answers.json"] = json.dumps(answers_template(handout_id), indent=2) + "\n"
+    try:
+        for name, text in texts.items():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_text(text)
+            if (src / name).exists():
+                shutil.copymode(src / name, out / name)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+    return blanked
+
+
+def handout_text(name: str) -> str:
+    """A file as every handout has it (blanks only, nothing of a solution): what a worker imports in
+    place of a student file that does not compile, so that one file's syntax error costs only its own."""
+    return blank_solutions((REPO / name).read_text(), None, name)[0]
+
+
+
+def to_wire(x, handles: dict):
+    """A value as plain JSON for the grader's pipe: tensors, tuples, dicts, dataclasses tagged; any other
+    object (a store, a function, a module) stays where it is and travels as a handle to it."""
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, (list, tuple)):
+        items = [to_wire(v, handles) for v in x]
+        return items if type(x) is list else {"~tuple": items}
+    if isinstance(x, dict):
+        return {"~dict": [[to_wire(k, handles), to_wire(v, handles)] for k, v in x.items()]}
+    if isinstance(x, torch.Tensor):
+        return {"~tensor": x.detach().cpu().tolist(), "dtype": str(x.dtype).split(".")[-1]}
+    if isinstance(x, (np.ndarray, np.generic)):
+        return to_wire(x.tolist(), handles)
+    if is_dataclass(x) and not isinstance(x, type):
+        return {"~dataclass": type(x).__name__, "fields": {f.name: to_wire(getattr(x, f.name), handles) for f in fields(x)}}
+    if hasattr(x, "_wire_handle"):                    # the grader passing back a handle it was given
+        return {"~handle": x._wire_handle}
+    key = next((k for k, v in handles.items() if v is x), len(handles))
+    handles[key] = x
+    return {"~handle": key, "type": type(x).__name__}
+
+
+def from_wire(x, build, handle):
+    """The inverse of to_wire; build(name, fields) makes a dataclass, handle(tag) resolves a handle."""
+    if isinstance(x, list):
+        return [from_wire(v, build, handle) for v in x]
+    if not isinstance(x, dict):
+        return x
+    if "~tuple" in x:
+        return tuple(from_wire(v, build, handle) for v in x["~tuple"])
+    if "~dict" in x:
+        return {from_wire(k, build, handle): from_wire(v, build, handle) for k, v in x["~dict"]}
+    if "~tensor" in x:
+        return torch.tensor(x["~tensor"], dtype=getattr(torch, x["dtype"]))
+    if "~dataclass" in x:
+        return build(x["~dataclass"], {k: from_wire(v, build, handle) for k, v in x["fields"].items()})
+    return handle(x)
+
+
+# ------------------------------------------------------------------------------------------------
+# The sandbox: a fork server, one worker per exercise, frames on a socket of their own
+# ------------------------------------------------------------------------------------------------
+def send(sock, message):
+    """One frame: 8 bytes of length, then the JSON. Nothing the student prints can look like one."""
+    data = json.dumps(message).encode()
+    sock.sendall(struct.pack("!Q", len(data)) + data)
+
+
+def receive(sock, limit: int):
+    """The next frame's message, or None when the other side is gone."""
+    head = b""
+    while len(head) < 8:
+        chunk = sock.recv(8 - len(head))
+        if not chunk:
+            return None
+        head += chunk
+    size, data = struct.unpack("!Q", head)[0], bytearray()
+    if size > limit:
+        raise ValueError(f"a frame of {size} bytes (at most {limit})")
+    while len(data) < size:
+        chunk = sock.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            return None
+        data += chunk
+    return json.loads(data)
+
+
+def serve(sock, callbacks):
+    """The student's side, in the worker: import their agentic_rl.py and envs.py (the folder holds
+    nothing else), then answer requests: getattr / call / grad on a handle (0 = agentic_rl, 1 = envs)
+    with a value or what their code raised. It judges nothing and holds nothing of the reference: the
+    pieces named in callbacks ask the grader for each value."""
+    def raised(e):
+        send(sock, {"raised": [c.__name__ for c in type(e).__mro__], "message": f"{e}"[:4000]})
+    try:
+        import agentic_rl as student
+        import envs as student_envs
+    except BaseException as e:
+        return raised(e)
+    table = {0: student, 1: student_envs}
+
+    def ask_grader(name, *args):
+        send(sock, {"callback": name, "args": to_wire(list(args), table)})
+        reply = receive(sock, 1 << 20) or {"error": "no answer"}
+        if "value" not in reply:
+            raise ValueError(f"{name}{args}: {reply['error']}")
+        return from_wire(reply["value"], None, None)
+    for name in callbacks:
+        setattr(student, name, lambda *args, _name=name: ask_grader(_name, *args))
+    build = lambda name, f: getattr(student if hasattr(student, name) else student_envs, name)(**f)
+    send(sock, {"ready": True})
+    while (req := receive(sock, 1 << 26)) is not None:
+        try:
+            args = from_wire(req.get("args", []), build, lambda tag: table[tag["~handle"]])
+            kwargs = from_wire(req.get("kwargs", {"~dict": []}), build, lambda tag: table[tag["~handle"]])
+            target = table[req.get("target", 0)]
+            if req["op"] == "getattr":
+                result = getattr(target, req["name"])
+            elif req["op"] == "call":
+                result = target(*args, **kwargs)
+            else:                                      # grad: the loss and d loss / d args[wrt]
+                args[req["wrt"]] = args[req["wrt"]].detach().clone().requires_grad_()
+                result = target(*args, **kwargs)
+                (result[0] if isinstance(result, tuple) else result).backward()
+                result = (result, args[req["wrt"]].grad)
+            send(sock, {"value": to_wire(result, table)})
+        except BaseException as e:                     # sys.exit too: it is an answer, not the end
+            raised(e)
+
+
+def worker(sock, out_fd: int, req: dict):
+    """One exercise's process, set up before any student code runs: a session of its own, output to the
+    grader's drain, no other descriptor; as root: no network (where the platform allows a namespace),
+    a cap on processes, the sandbox user; a memory limit; a clean environment. Then serve()."""
+    import ctypes
+    import resource
+    try:
+        os.setsid()
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.closerange(3, sock.fileno())
+        os.closerange(sock.fileno() + 1, 1 << 16)
+        network = "shared"
+        if os.getuid() == 0 and req["uid"] is not None:
+            network = "none" if ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0 else network  # CLONE_NEWNET
+            resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
+            os.setgroups([])
+            os.setgid(req["gid"])
+            os.setuid(req["uid"])
+        mapped = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + req["memory"],) * 2)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 26,) * 2)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.chdir(req["folder"])
+        sys.path.insert(0, req["folder"])
+        os.environ.clear()
+        os.environ.update(HOME=req["folder"], PATH="/usr/bin:/bin", TMPDIR=req["folder"])
+        send(sock, {"sandbox": {"uid": os.getuid(), "network": network}})
+    except BaseException as e:                         # the grader's failure, reported as such
+        send(sock, {"setup_failed": f"{type(e).__name__}: {e}"})
+        os._exit(0)
+    try:
+        serve(sock, req["callbacks"])
+    finally:
+        os._exit(0)
+
+
+def below(root: int) -> list:
+    """Every live process whose chain of parents reaches root, read from /proc."""
+    parent = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            state, ppid = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state != "Z":
+            parent[int(name)] = int(ppid)
+    found, frontier = [], [root]
+    while frontier:
+        kids = [pid for pid, ppid in parent.items() if ppid == frontier[-1]]
+        frontier.pop()
+        found += kids
+        frontier += kids
+    return found
+
+
+def kill_all(uid) -> int:
+    """Stop, then kill, every process below this server (an orphan comes back here: the server is
+    its subreaper) and, as root, every process of the sandbox user; again until none is left.
+    Returns how many processes it killed."""
+    import signal
+    killed = 0
+    for _ in range(1000):
+        while True:                                    # reap the dead
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        if uid is not None and os.getuid() == 0:
+            pid = os.fork()
+            if pid == 0:                               # kill(-1) as that user: every process of that user
+                os.setgid(uid[1])
+                os.setuid(uid[0])
+                os.kill(-1, signal.SIGKILL)
+                os._exit(0)
+            os.waitpid(pid, 0)
+        victims = below(os.getpid())
+        if not victims:
+            return killed
+        for sig in (signal.SIGSTOP, signal.SIGKILL):  # stopped first, so none can fork in between
+            for pid in victims:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        killed += len(victims)
+        time.sleep(0.01)
+    raise RuntimeError("processes keep appearing below the fork server")
+
+
+def fork_server(control_fd: int):
+    """A fresh interpreter that has imported torch, numpy, gymnasium and the standard library, and
+    nothing of the course: it forks a worker per exercise (no torch import each time) and, asked to,
+    kills every process below it."""
+    import ctypes
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)           # PR_SET_CHILD_SUBREAPER: orphans are reparented here
+    control = socket.socket(fileno=control_fd)
+    while (req := receive(control, 1 << 16)) is not None:
+        if req["op"] == "fork":
+            mine, theirs = socket.socketpair()
+            out_r, out_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                mine.close()
+                os.close(out_r)
+                worker(theirs, out_w, req)
+            theirs.close()
+            os.close(out_w)
+            socket.send_fds(control, [b"F"], [mine.fileno(), out_r])
+            send(control, {"pid": pid})
+            mine.close()
+            os.close(out_r)
+        else:
+            send(control, {"killed": kill_all(req["uid"])})
+
+
+SERVER_IMPORTS = (  # what a worker can import even where the sandbox user cannot read Python's own files
+    "import argparse, bisect, collections, concurrent.futures, contextlib, copy, ctypes, dataclasses, decimal, enum, "
+    "fractions, functools, hashlib, heapq, inspect, io, itertools, json, math, operator, os, pathlib, queue, random, re, "
+    "resource, signal, socket, statistics, string, struct, sys, textwrap, threading, time, types, typing, warnings\n"
+    "from dataclasses import fields, is_dataclass\nimport numpy as np, torch, torch.nn, torch.nn.functional, gymnasium, "
+    "gymnasium.spaces, gymnasium.vector.utils, gymnasium.wrappers, tqdm, pytest")
+
+
+class GradeTimeout(Exception):
+    pass
+
+
+class WorkerGone(Exception):
+    pass
+
+
+class GraderFailure(Exception):
+    """Something failed on the grader's side: the verdict says so and never blames the student."""
+
+
+class Sandbox:
+    """The fork server of one grading: its settings (the sandbox user as root, the memory limit) and
+    the socket to it. As a context manager it leaves no process behind."""
+
+    def __init__(self, user=SANDBOX_USER, memory: int = MEMORY_LIMIT):
+        import pwd
+        import subprocess
+        self.uid, self.memory, self.note = None, memory, f"memory {memory >> 20} MiB"
+        if os.getuid() == 0 and user:
+            try:
+                entry = pwd.getpwnam(user)
+            except KeyError:
+                entry = pwd.getpwnam("nobody")         # a local grading run as root, without the bundle's user
+            self.uid = (entry.pw_uid, entry.pw_gid)
+            self.note += f", user {entry.pw_name}"
+            if readable_by_others(REPO / "test_agentic_rl.py"):
+                self.note += f" (warning: it can read {REPO}; chmod -R go-rwx it, as the bundle's setup.sh does)"
+        else:
+            self.note += f", user {os.getuid()} (not root: the student's code runs as you, unsandboxed)"
+        ours, theirs = socket.socketpair()
+        code = "\n".join([SERVER_IMPORTS] + [inspect.getsource(f) for f in (send, receive, to_wire, from_wire, serve,
+                                                                           worker, below, kill_all, fork_server)] +
+                         [f"fork_server({theirs.fileno()})"])
+        env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith(("OMP_", "MKL_", "OPENBLAS_", "LC_", "LANG"))}
+        self.proc = subprocess.Popen([sys.executable, "-I", "-c", code], pass_fds=[theirs.fileno()], cwd="/", env=env,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        theirs.close()
+        self.control = ours
+
+    def request(self, **message):
+        try:
+            send(self.control, message)
+            if message["op"] == "fork":
+                _, fds, _, _ = socket.recv_fds(self.control, 1, 2)
+                return fds, receive(self.control, 1 << 10)
+            return receive(self.control, 1 << 10)
+        except (OSError, ValueError) as e:
+            raise GraderFailure(f"the fork server failed ({e})") from None
+
+    def clean(self):
+        """Kill every process the submission started; an error if any could survive."""
+        reply = self.request(op="clean", uid=self.uid)
+        if reply is None:
+            raise GraderFailure("the fork server is gone (without a sandbox user the student's code can kill it)")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.clean()
+        finally:
+            self.control.close()
+            self.proc.wait(timeout=30)
+
+
+def readable_by_others(path: Path) -> bool:
+    """Whether a user who is neither the owner nor in the group can reach and read this file."""
+    parts = [path] + list(path.parents)
+    return bool(os.stat(path).st_mode & stat.S_IROTH) and all(os.stat(p).st_mode & stat.S_IXOTH for p in parts[1:])
+
+
+class Worker:
+    """One exercise's student process and the socket to it; every reply has a deadline, every value the
+    student's code asks of another exercise is answered here."""
+
+    def __init__(self, sandbox: Sandbox, folder, callbacks, deadline: float):
+        self.sandbox, self.deadline, self.tail = sandbox, deadline, bytearray()
+        fds, reply = sandbox.request(op="fork", folder=str(folder), uid=sandbox.uid and sandbox.uid[0],
+                                     gid=sandbox.uid and sandbox.uid[1], memory=sandbox.memory, callbacks=callbacks)
+        if len(fds) != 2 or not reply:
+            raise GraderFailure("the fork server sent no worker")
+        self.sock, self.out = socket.socket(fileno=fds[0]), fds[1]
+        self.drain = threading.Thread(target=self._drain, daemon=True)
+        self.drain.start()
+        try:
+            setup = self._receive()
+            if "sandbox" not in setup:
+                raise GraderFailure(f"the worker could not be set up ({setup.get('setup_failed', setup)})")
+            sandbox.network = setup["sandbox"]["network"]
+            self.ready = self._receive()
+        except BaseException:
+            self.close()
+            raise
+
+    def _drain(self):
+        """What the student prints, as bytes (the last 2,000 kept for messages), read as fast as it comes."""
+        while chunk := os.read(self.out, 1 << 16):
+            self.tail = (self.tail + chunk)[-2000:]
+
+    def printed(self) -> str:
+        return self.tail.decode("utf-8", "replace").strip()[-600:]
+
+    def _receive(self) -> dict:
+        while True:
+            self.sock.settimeout(max(1e-3, self.deadline - time.monotonic()))
+            try:
+                reply = receive(self.sock, 1 << 26)
+            except TimeoutError:
+                raise GradeTimeout() from None
+            except (OSError, ValueError, RecursionError) as e:
+                raise WorkerGone(f"it sent a malformed reply ({type(e).__name__})") from None
+            if reply is None:
+                raise WorkerGone(f"last output: {self.printed() or '(none)'}")
+            if not isinstance(reply, dict):
+                raise WorkerGone("it sent a malformed reply")
+            if "callback" not in reply:
+                return reply
+            try:
+                send(self.sock, {"value": reference_value(reply["callback"], reply.get("args"))})
+            except (ValueError, TypeError) as e:
+                send(self.sock, {"error": str(e)})
+
+    def value(self, **request):
+        try:
+            send(self.sock, request)
+        except OSError:
+            raise WorkerGone(f"last output: {self.printed() or '(none)'}") from None
+        reply = self._receive()
+        if "raised" in reply:
+            raise student_error(reply)
+        try:
+            return from_wire(reply["value"], lambda name, f: types.SimpleNamespace(**f), lambda tag: Remote(self, tag["~handle"]))
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
+            raise WorkerGone(f"it sent a malformed value ({type(e).__name__})") from None
+
+    def close(self):
+        self.sock.close()
+        try:
+            self.sandbox.clean()
+        finally:
+            self.drain.join(timeout=5)
+            os.close(self.out)
+
+
+def reference_value(name, args):
+    """The one reference piece a worker may ask for (promotion calls sign_test_p): its value for the
+    student's arguments, computed here; the code never crosses."""
+    if name != "sign_test_p" or not (isinstance(args, list) and len(args) == 2 and
+                                     all(type(x) is int and 0 <= x <= 10_000 for x in args)):
+        raise ValueError("the grader answers sign_test_p(wins, losses) with ints in [0, 10000], nothing else")
+    return A.sign_test_p(*args)
+
+
+def student_error(reply: dict) -> Exception:
+    """What the student's code raised, re-raised here as a subclass of the nearest built-in exception
+    (so `except ValueError` still works) with the student's class name; never a SystemExit of ours."""
+    import builtins
+    names = [n for n in reply.get("raised", []) if isinstance(n, str) and n.isidentifier()] or ["Exception"]
+    base = next((b for b in (getattr(builtins, n, None) for n in names)
+                 if isinstance(b, type) and issubclass(b, Exception)), Exception)
+    return type(names[0], (base,), {"from_student": True})(str(reply.get("message", ""))[:4000])
+
+
+class Remote:
+    """A student's object as the grader sees it: attribute access and calls become requests to their
+    process, and the answers come back as plain data (tensors, lists, namespaces), never their code."""
+
+    def __init__(self, worker: Worker, handle: int):
+        self._worker, self._wire_handle = worker, handle
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._worker.value(op="getattr", target=self._wire_handle, name=name)
+
+    def __call__(self, *args, **kwargs):
+        return self._worker.value(op="call", target=self._wire_handle, args=to_wire(list(args), {}),
+                                  kwargs=to_wire(kwargs, {}))
+
+    def grad(self, wrt: int, *args, **kwargs):
+        """(what the function returns, d loss / d args[wrt]), computed in the student's process."""
+        return self._worker.value(op="grad", target=self._wire_handle, wrt=wrt, args=to_wire(list(args), {}),
+                                  kwargs=to_wire(kwargs, {}))
+
+
+# ------------------------------------------------------------------------------------------------
+# Grading: read the submission first, each exercise in a fresh worker, verdicts here, results last
+# ------------------------------------------------------------------------------------------------
+SUBMISSION_FILES, MAX_SUBMITTED_BYTES = ("agentic_rl.py", "envs.py", "answers.json"), 4 << 20
+
+
+def read_submission(directory: Path) -> dict:
+    """name -> (its text or None, a problem or None), read before any student code runs. A link, a
+    directory, a FIFO or a device, a file over 4 MiB or not UTF-8 is refused by name, never opened
+    by following it."""
+    out = {}
+    for name in SUBMISSION_FILES:
+        try:
+            kind = os.lstat(directory / name).st_mode
+        except FileNotFoundError:
+            out[name] = (None, f"{name} is missing")
+            continue
+        if not stat.S_ISREG(kind):
+            what = "a symbolic link" if stat.S_ISLNK(kind) else "a directory" if stat.S_ISDIR(kind) else "a special file"
+            out[name] = (None, f"{name} is {what}: submit a regular file")
+            continue
+        try:
+            with os.fdopen(os.open(directory / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as f:
+                data = f.read(MAX_SUBMITTED_BYTES + 1)
+            out[name] = (data.decode("utf-8"), None) if len(data) <= MAX_SUBMITTED_BYTES else \
+                (None, f"{name} is over {MAX_SUBMITTED_BYTES >> 20} MiB")
+        except (OSError, UnicodeDecodeError) as e:
+            out[name] = (None, f"{name} cannot be read ({type(e).__name__})")
+    return out
+
+
+def parse_answers(text, problem) -> tuple:
+    """(answers.json as a dict, None) or (None, why not)."""
+    if problem:
+        return None, problem
+    try:
+        answers = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        return None, f"answers.json is not valid JSON ({type(e).__name__}: {str(e)[:200]})"
+    return (answers, None) if isinstance(answers, dict) else (None, "answers.json must hold a JSON object")
+
+
+def files_for(ex: str, submission: dict):
+    """The two files an exercise's worker imports: the student's file holding the exercise, and their
+    other file if it compiles, else the handout's (blanks only); or why the exercise cannot be graded."""
+    files = {}
+    for name in ("agentic_rl.py", "envs.py"):
+        text, problem = submission[name]
+        if problem is None:
+            try:
+                compile(text, name, "exec")
+            except (SyntaxError, ValueError) as e:
+                problem = f"{type(e).__name__}: {e}"
+        if problem and name == EXERCISE_FILE[ex]:
+            return f"{name} cannot be graded: {problem}"
+        files[name] = handout_text(name) if problem else text
+    return files
+
+
+def verdict(e: Exception) -> tuple:
+    """(status, message) for what a check raised: a blank, a wrong value, a stop, or a crash; and
+    the grader's own failure, which is never the student's."""
+    memory = isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "MemoryError" in str(e)
+    if isinstance(e, NotImplementedError):
+        return "not started", str(e)
+    if isinstance(e, AssertionError):
+        return "wrong", str(e)
+    if isinstance(e, GradeTimeout):
+        return "time limit", "stopped at the time limit: an endless loop, or far too slow"
+    if memory and (getattr(e, "from_student", 0) or isinstance(e, WorkerGone)):
+        return "memory limit", f"stopped at the memory limit ({MEMORY_LIMIT >> 20} MiB more than torch itself)"
+    if isinstance(e, WorkerGone):
+        return "crashes", f"your code ended its process ({e})"
+    if isinstance(e, GraderFailure):
+        return "grader error", f"the grader failed here, not your code: {e}; tell the course staff"
+    return "crashes", f"{type(e).__name__}: {e}" + (" (raised by your code)" if getattr(e, "from_student", 0) else "")
+
+
+def run_check(check, *args) -> tuple:
+    """(status, message) of one check; the check runs here, in the grader's process."""
+    try:
+        check(*args)
+        return "passed", ""
+    except Exception as e:
+        return verdict(e)
+
+
+def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
+    """One exercise: a fresh folder and a fresh worker, its checks within `seconds` together, then the
+    worker and everything it started killed."""
+    row, worker, trouble = {"points": EXERCISES[ex][0], "checks": []}, None, None
+    folder = Path(tempfile.mkdtemp(prefix=f"grade-{ex}-"))
+    try:
+        if isinstance(files, str):
+            trouble = ("crashes", files)
+        else:
+            for name, text in files.items():
+                (folder / name).write_text(text)
+            if sandbox.uid:
+                for path in (folder, *folder.iterdir()):
+                    os.chown(path, *sandbox.uid)
+            try:
+                worker = Worker(sandbox, folder, CALLBACKS.get(ex, []), time.monotonic() + seconds)
+                if "raised" in worker.ready:
+                    raise student_error(worker.ready)
+            except GraderFailure as e:
+                trouble = verdict(e)
+            except Exception as e:  # the student's files do not even import, or hang while importing
+                status, message = verdict(e)
+                trouble = (status, f"agentic_rl.py does not import: {message}")
+        for check_ex, name, check, hidden in HOMEWORK:
+            if check_ex != ex:
+                continue
+            done = row["checks"]
+            if trouble:
+                status, message = trouble
+            elif done and done[-1]["status"] in ("time limit", "memory limit"):
+                status, message = done[-1]["status"], "not run: an earlier check of this exercise hit the limit"
+            else:
+                status, message = run_check(check, Remote(worker, 0))
+            done.append({"name": name, "hidden": hidden, "status": status, "message": message})
+    finally:
+        if worker is not None:
+            worker.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return row
+
+
+def hidden_seed_of(secret) -> int:
+    return int(hashlib.sha256(str(secret).encode()).hexdigest()[:15], 16) if secret else 0
+
+
+def installation_file(name: str):
+    """A small file the bundle keeps beside the grader (silent_bug.txt, hidden_seed.txt), or None."""
+    path = REPO / name
+    return path.read_text().strip() if path.is_file() else None
+
+
+def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, hidden_seed=None,
+          user=SANDBOX_USER, memory: int = MEMORY_LIMIT) -> dict:
+    """Grade a submission: its agentic_rl.py, envs.py and answers.json, read first; each exercise in
+    a fresh sandboxed worker within time_limit seconds, against this installation's checks; every
+    verdict reached here. Returns {exercise: {"points", "checks": [{"name", "hidden", "status",
+    "message"}]}} with "~sandbox" (what the workers ran as) once every process is gone."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ValueError(f"{directory}: no such directory; name the folder that holds the submission")
+    if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and 1 <= time_limit <= 3600):
+        raise ValueError(f"--time-limit {time_limit}: give the seconds per exercise, a number in [1, 3600]")
+    unknown = set(only or ()) - set(EXERCISES) - set(EXPERIMENTS)
+    if unknown:
+        raise ValueError(f"--only {sorted(unknown)}: unknown exercise; use {', '.join([*EXERCISES, *EXPERIMENTS])}")
+    submission = read_submission(directory)                    # everything, before any of its code runs
+    answers, answers_problem = parse_answers(*submission["answers.json"])
+    secret = hidden_seed or installation_file("hidden_seed.txt")
+    HIDDEN["seed"] = hidden_seed_of(secret)
+    handout_bug = bug_of_handout(answers.get("handout", ""), secret) if answers else None
+    key = {"silent_bug": silent_bug or handout_bug or installation_file("silent_bug.txt")}
+    report = {}
+    with Sandbox(user, memory) as sandbox:
+        for ex in (e for e in EXERCISES if only is None or e in only):
+            report[ex] = grade_exercise(sandbox, ex, files_for(ex, submission), time_limit)
+    for ex in (e for e in EXPERIMENTS if only is None or e in only):
+        report[ex] = {"points": EXPERIMENTS[ex], "checks": []}
+        for check_ex, name, check, hidden in EXPERIMENT_CHECKS:
+            if check_ex == ex:
+                status, message = ("not started", answers_problem) if answers is None else run_check(check, answers, key)
+                report[ex]["checks"].append({"name": name, "hidden": hidden, "status": status, "message": message})
+    report["~sandbox"] = f"{sandbox.note}, network {getattr(sandbox, 'network', 'unknown')}"
+    return report
+
+
+HIDDEN = {"seed": 0}  # the course's secret as a number; 0 = the public default
+
+
+def hidden_rng(salt: int) -> np.random.Generator:
+    """The hidden checks' inputs: drawn from the course's secret, so no public file holds them."""
+    return np.random.default_rng([HIDDEN["seed"], salt])
+
+
+def exercises(report: dict) -> dict:
+    return {ex: row for ex, row in report.items() if not ex.startswith("~")}
+
+
+def score(row: dict, hidden=None) -> tuple:
+    """(points earned, points possible) of an exercise (or of its hidden / visible checks): the
+    visible checks share half its points and the hidden ones the other half, each check of a half
+    alike, so hard-coding what the handout shows earns half at most."""
+    halves = [[c for c in row["checks"] if c["hidden"] == h] for h in (False, True)]
+    earned = possible = 0.0
+    for h, part in zip((False, True), halves):
+        if part and hidden in (None, h):
+            weight = row["points"] / sum(1 for half in halves if half)
+            earned += weight * sum(c["status"] == "passed" for c in part) / len(part)
+            possible += weight
+    return earned, possible
+
+
+def suspicious(row: dict) -> bool:
+    """Every visible check passes and a hidden one does not: hard-coded answers, for a TA to look at."""
+    visible, hidden = ([c["status"] == "passed" for c in row["checks"] if c["hidden"] == h] for h in (False, True))
+    return bool(visible) and all(visible) and not all(hidden)
+
+
+SUSPICIOUS = "visible checks pass, hidden checks fail: a TA should read this code (hard-coded answers?)"
+
+
+def print_grade(report: dict) -> bool:
+    print(f"sandbox: {report.get('~sandbox', '')}")
+    print(f"{'exercise':<16}{'points':>14}  {'checks':>8}  status")
+    rows = exercises(report)
+    for ex, row in rows.items():
+        earned, possible = score(row)
+        passed = sum(c["status"] == "passed" for c in row["checks"])
+        worst = next((c for c in row["checks"] if c["status"] != "passed"), None)
+        print(f"{ex:<16}{earned:>7.1f} / {possible:<5.1f} {passed:>3}/{len(row['checks']):<3}  "
+              f"{'ok' if worst is None else worst['status'] + ': ' + worst['name']}" + (f"  [{SUSPICIOUS}]" if
+                                                                                         suspicious(row) else ""))
+    for ex, row in rows.items():
+        for c in row["checks"]:
+            if c["status"] not in ("passed", "not started"):
+                print(f"\n[{ex}] {c['name']} ({'hidden' if c['hidden'] else 'visible'} check): {c['status']}\n"
+                      f"{textwrap.indent(c['message'], '    ')}")
+    earned, possible = (sum(score(row)[i] for row in rows.values()) for i in (0, 1))
+    print(f"\ntotal {earned:.1f} / {possible:.1f}: " + ("every check passed" if earned == possible else
+                                                     "some checks did not pass"))
+    return earned == possible
+
+
+def gradescope_results(report: dict, seconds: float) -> dict:
+    """Gradescope's results.json: one test per exercise and visibility; hidden checks show after publishing."""
+    tests = []
+    for number, (ex, row) in enumerate(exercises(report).items(), start=1):
+        for hidden in (False, True):
+            part = [c for c in row["checks"] if c["hidden"] == hidden]
+            if part:
+                earned, possible = score(row, hidden)
+                flag = f"\n{SUSPICIOUS}" if hidden and suspicious(row) else ""
+                tests.append({"name": f"{ex} ({'hidden' if hidden else 'visible'} checks)",
+                              "number": f"{number}.{int(hidden) + 1}", "score": round(earned, 2),
+                              "max_score": round(possible, 2), "visibility": "after_published" if hidden else "visible",
+                              "output": "\n".join(f"[{c['status']}] {c['name']}" + (f"\n{c['message']}" if c["message"]
+                                                                                    else "") for c in part) + flag})
+    return {"score": round(sum(t["score"] for t in tests), 2), "execution_time": round(seconds, 1),
+            "output": "agentic-rl homework: each exercise's visible checks, then its hidden ones",
+            "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
+
+
+def grader_failed(why: str, seconds: float) -> dict:
+    """results.json when the grader itself fails: the student sees that it was not their code."""
+    return {"score": 0.0, "execution_time": round(seconds, 1), "visibility": "visible", "stdout_visibility": "hidden",
+            "output": f"The grader failed, not your submission ({why}); the course staff will regrade it.", "tests": []}
+
+
+# ------------------------------------------------------------------------------------------------
+# The autograder bundle (Gradescope) and the course's command line
+# ------------------------------------------------------------------------------------------------
+AUTOGRADER_SETUP = """#!/usr/bin/env bash
+# Gradescope runs this once, as root, in /autograder/source, to build the grading image.
+set -euo pipefail
+apt-get update && apt-get install -y python3 python3-pip
+cd /autograder/source
+flags=""   # pip 23.0+ guards the system's packages; Ubuntu 22.04's pip 22.0.2 neither needs nor knows the flag
+if python3 -m pip install --help | grep -q -- --break-system-packages; then flags="--break-system-packages"; fi
+python3 -m pip install $flags torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+python3 -m pip install $flags -r requirements.txt
+id -u agentic_rl_student >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin agentic_rl_student
+chmod -R go-rwx /autograder/source   # the sandbox user cannot read the grader, its checks or its secret
+"""
+AUTOGRADER_RUN = """#!/usr/bin/env bash
+# Gradescope runs this for every submission, as root; the student's files are in /autograder/submission.
+cd /autograder/source
+rm -f /autograder/results/results.json
+python3 agentic_rl.py grade /autograder/submission --json /autograder/results/results.json{only}
+status=$?
+if [ ! -s /autograder/results/results.json ]; then
+  echo "run_autograder: the grader wrote no results.json (exit $status): a grader failure, not the student's" >&2
+  exit 1
+fi
+"""
+
+
+def write_autograder(path, only=None, silent_bug=None, hidden_seed=None) -> list:
+    """`homework --autograder OUT.zip`: Gradescope's bundle, setup.sh and run_autograder at its root
+    with the grading installation (the reference, every check, the secret); it grades --only's
+    exercises when given."""
+    import zipfile
+    path = Path(path)
+    if path.suffix != ".zip" or path.exists():
+        raise ValueError(f"--autograder {path}: name a new .zip file")
+    if silent_bug not in (None, *SILENT_BUGS):
+        raise ValueError(f"--silent-bug {silent_bug}: use one of {', '.join(SILENT_BUGS)}")
+    unknown = set(only or ()) - set(EXERCISES) - set(EXPERIMENTS)
+    if unknown:
+        raise ValueError(f"--only {sorted(unknown)}: unknown exercise; use {', '.join([*EXERCISES, *EXPERIMENTS])}")
+    run = AUTOGRADER_RUN.format(only=f" --only {','.join(only)}" if only else "")
+    members = {"setup.sh": AUTOGRADER_SETUP, "run_autograder": run,
+               **{name: (REPO / name).read_text() for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py",
+                                                               "requirements.txt")}}
+    members.update({"silent_bug.txt": silent_bug + "\n"} if silent_bug else {})
+    members.update({"hidden_seed.txt": hidden_seed + "\n"} if hidden_seed else {})
+    try:
+        with zipfile.ZipFile(path, "w") as z:
+            for name, text in members.items():
+                info = zipfile.ZipInfo(name)
+                info.external_attr = (0o755 if name in ("setup.sh", "run_autograder") else 0o600) << 16
+                z.writestr(info, text)
+    except OSError as e:
+        raise ValueError(f"--autograder {path}: cannot write there ({e.strerror or e})") from None
+    return list(members)
+
+
+def course_main(argv):
+    """`python agentic_rl.py homework ...` and `python agentic_rl.py grade ...`."""
+    parser = argparse.ArgumentParser(prog="agentic_rl.py", description="The course's machinery.", allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_hw = sub.add_parser("homework", help="write a student handout (or --autograder: Gradescope's zip)",
+                          allow_abbrev=False)
+    target = p_hw.add_mutually_exclusive_group(required=True)
+    target.add_argument("--out", help="a new directory outside this repository, for the handout")
+    target.add_argument("--autograder", help="a new .zip: setup.sh, run_autograder and the grading installation")
+    p_hw.add_argument("--only", default=None, help=f"comma-separated exercise ids (default all: {', '.join(EXERCISES)})")
+    p_hw.add_argument("--silent-bug", default=None, choices=("random",) + tuple(SILENT_BUGS),
+                      help="plant one of the silent bugs (E8); with --hidden-seed each handout's answers.json names "
+                           "it to the grader only")
+    p_hw.add_argument("--hidden-seed", default=None, help="the course's secret: hidden inputs, handout ids")
+    p_grade = sub.add_parser("grade", help="grade a submission in a sandbox against this installation's checks",
+                             allow_abbrev=False)
+    p_grade.add_argument("dir", nargs="?", default=".", help="the submission directory (default: here)")
+    p_grade.add_argument("--only", default=None, help="comma-separated exercise ids (default: all)")
+    p_grade.add_argument("--json", default=None, help="also write Gradescope's results.json here")
+    p_grade.add_argument("--time-limit", type=float, default=60.0, help="seconds per exercise (default 60)")
+    p_grade.add_argument("--silent-bug", default=None, choices=tuple(SILENT_BUGS), help="the bug planted in the handout")
+    p_grade.add_argument("--hidden-seed", default=None, help="the course's secret (the bundle keeps it)")
+    args = parser.parse_args(argv)
+    only = args.only.split(",") if args.only else None
+    t = time.time()
+    try:
+        if args.command == "homework":
+            bug = random.choice(sorted(SILENT_BUGS)) if args.silent_bug == "random" else args.silent_bug
+            if args.autograder:
+                print(f"wrote {args.autograder}: {', '.join(write_autograder(args.autograder, only, bug, args.hidden_seed))}")
+            else:
+                blanked = write_handout(args.out, only, bug, args.hidden_seed)
+                print(f"wrote a handout to {args.out} with {len(blanked)} blanked exercises: {', '.join(blanked)}\n"
+                      f"students: grep -n 'TODO(' *.py; python -m pytest -q -m homework")
+            if bug and not (args.hidden_seed and args.out):
+                print(f"the planted bug is {bug!r}: keep it from the students; grade with --silent-bug {bug}")
+            return
+        report = grade(args.dir, only, args.time_limit, args.silent_bug, args.hidden_seed)
+    except ValueError as e:
+        parser.error(str(e))
+    except Exception as e:                       # the grader's own failure: say so, in results.json too
+        if args.command == "grade" and args.json:
+            failed = json.dumps(grader_failed(repr(e), time.time() - t)).encode()
+            A.atomic_write(args.json, lambda f: f.write(failed))
+        raise
+    passed = print_grade(report)                 # every process the submission started is gone by now
+    if args.json:
+        A.atomic_write(args.json, lambda f: f.write(json.dumps(gradescope_results(report, time.time() - t),
+                                                               indent=2).encode()))
+    sys.exit(0 if passed else 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# The machinery's own tests: what a teaching assistant sees on grading day, and what an attacking
+# student tries (each attack gains nothing)
+# ------------------------------------------------------------------------------------------------
 def normalized(line):
     return " ".join(line.split("#")[0].split())
 
@@ -2042,23 +3159,74 @@ def fill(path, exercise, code):
     path.write_text("".join(lines))
 
 
+def fake_record(seed, dev, metric=None, **asked):
+    """A run record in the shape a run writes it (summary.json's config, candidate and curve; one
+    metrics.jsonl line per iteration) with the numbers given: the grader's tests cannot train for minutes."""
+    config = asdict(A.Config(seed=seed, **asked))
+    metrics = [{"success": 0.5, "clip_frac": 0.0015, "approx_kl": 0.0002, "zero_std_groups": 5, "truncation_rate": 0.01,
+                **(metric or {})} for _ in range(config["iterations"])]
+    return {"summary": {"config": config, "candidate": {"dev_success": dev},
+                        "train_success_curve": [m["success"] for m in metrics]}, "metrics": metrics}
+
+
+def reference_answers() -> dict:
+    """answers.json as the reference would write it, for the handout with ratio_always_one: the README's
+    measured E3 numbers and E8's signature, in records of the runs' shape."""
+    clock = {"value_zero": [1.0, 1.0, 1.0], "bootstrap_budget": [0.46, 0.0, 0.0],
+             "hidden_clock_value_zero": [1.0, 1.0, 1.0], "hidden_clock_bootstrap_budget": [0.0, 0.43, 0.0]}
+    return {"silent_bug": "ratio_always_one",
+            "silent_bug_evidence": "clip_frac and approx_kl are exactly 0 in every iteration of seed 0, seed 1 and "
+                                   "seed 2, while a healthy run logs a clip_frac near 0.0015: the ratio never leaves 1",
+            "silent_bug_runs": [fake_record(i % 3, 1.0, {"clip_frac": 0.0, "approx_kl": 0.0} if i < 3 else None,
+                                            **E8_RUNS[i // 3]) for i in range(6)],
+            "clock": {**clock, "runs": {k: [fake_record(s, v, **E3_RUN, **CLOCK_SETTINGS[k]) for s, v in enumerate(vals)]
+                                        for k, vals in clock.items()},
+                      "why": "bootstrapping the task's own budget credits an episode that runs out of turns with V(s_K), "
+                             "the value of a mid-repair state, so stalling costs nothing while a wrong commit costs its "
+                             "0; the truncation rate climbs and the critic explains nothing. Valued 0, running out is an end"}}
+
+
+def course(*argv, cwd=REPO, check_exit=None):
+    """Run `python agentic_rl.py ARGV` as a TA would, from a grading installation."""
+    done = subprocess.run([sys.executable, "agentic_rl.py", *map(str, argv)], cwd=cwd, capture_output=True, text=True)
+    assert check_exit is None or done.returncode == check_exit, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def course_here(capsys, *argv) -> tuple:
+    """(exit code, what it printed) of `python agentic_rl.py ARGV`, run in this process."""
+    with pytest.raises(SystemExit) as done:
+        course_main([str(a) for a in argv])
+    printed = capsys.readouterr()
+    return done.value.code, printed.out + printed.err
+
+
+def installation(tmp_path) -> Path:
+    """A grading installation as the bundle lays it out (readable by root only, as setup.sh leaves it)."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "requirements.txt"):
+        shutil.copy(REPO / name, source / name)
+    return source
+
+
 def test_a_fresh_handout_scores_zero_leaks_nothing_and_round_trips(tmp_path):
     out = tmp_path / "handout"
-    assert sorted(A.write_handout(out)) == sorted(A.EXERCISES)     # graded at 0 in the autograder test below
-    handout = {name: (out / name).read_text() for name in A.HANDOUT_FILES}
+    assert sorted(write_handout(out)) == sorted(EXERCISES)     # graded at 0 in the autograder test below
+    handout = {name: (out / name).read_text() for name in HANDOUT_FILES}
     assert "GRADER ONLY" not in handout["test_agentic_rl.py"] and "ANSWER -->" not in handout["README.md"]
+    for secret in ("def course_main", "SILENT_BUGS", "def grade(", "REFERENCE", "hidden=True"):
+        assert secret not in handout["test_agentic_rl.py"], f"the handout's tests carry the grader's {secret}"
+    assert json.loads((out / "answers.json").read_text()) == answers_template()
     code = {name: text.splitlines() for name, text in handout.items()}
-    start = next(i for i, line in enumerate(code["agentic_rl.py"]) if line.startswith("EXERCISES = {"))
-    end = code["agentic_rl.py"].index("}", start)
-    code["agentic_rl.py"] = code["agentic_rl.py"][:start] + code["agentic_rl.py"][end:]  # the hints state the formulas
     everything = "\n".join(normalized(line) for lines in code.values() for line in lines
-                           if "raise NotImplementedError(" not in line)          # and so do the stubs
+                           if "raise NotImplementedError(" not in line)          # the stubs state the formulas
     for name in ("agentic_rl.py", "envs.py"):
         reference = (REPO / name).read_text()
         ref_lines, out_lines = reference.splitlines(), handout[name].splitlines()
         compile(handout[name], name, "exec")                                  # the handout parses
-        assert A.solution_regions(handout[name], name) == {}, "no solution marker is left"
-        rebuilt, regions = list(out_lines), A.solution_regions(reference, name)
+        assert solution_regions(handout[name], name) == {}, "no solution marker is left"
+        rebuilt, regions = list(out_lines), solution_regions(reference, name)
         for ex, (first, last) in sorted(regions.items(), key=lambda r: -r[1][0]):
             at = next(i for i, line in enumerate(rebuilt) if line.strip() == f"# TODO({ex}): replace this raise with your implementation")
             rebuilt[at:at + 2] = ref_lines[first:last + 1]
@@ -2070,22 +3238,26 @@ def test_a_fresh_handout_scores_zero_leaks_nothing_and_round_trips(tmp_path):
     for tell in ("".join(pieces) for pieces in tells):                    # joined here, so this file does not match
         assert tell not in everything, f"tell-tale solution expression in the handout: {tell}"
     assert (out / ".ci" / "run").stat().st_mode & 0o111, "the CI script stays executable"
-    again = subprocess.run([sys.executable, "agentic_rl.py", "homework", "--out", str(tmp_path / "h2")],
-                           cwd=out, capture_output=True, text=True)
-    assert again.returncode == 1 and "no solution regions found" in again.stderr
+    again = course("homework", "--out", tmp_path / "h2", cwd=out, check_exit=1)
+    assert "this copy is a handout" in again.stderr
     planted = tmp_path / "planted"
-    A.write_handout(planted, silent_bug="one_group_per_batch")
-    assert A.SILENT_BUGS["one_group_per_batch"][3] in (planted / "agentic_rl.py").read_text()
+    write_handout(planted, silent_bug="one_group_per_batch", hidden_seed="s3cret")
+    text = (planted / "agentic_rl.py").read_text()
+    assert SILENT_BUGS["one_group_per_batch"][3] in text and "one_group_per_batch" not in text
     assert "SILENT BUG" not in (planted / "test_agentic_rl.py").read_text()
+    handout_id = json.loads((planted / "answers.json").read_text())["handout"]
+    assert bug_of_handout(handout_id, "s3cret") == "one_group_per_batch" and bug_of_handout(handout_id, "other") is None
     for bad, match in [(dict(out=out), "not empty"), (dict(out=REPO / "in-place"), "outside"),
-                       (dict(out=tmp_path / "o", only=["nope"]), "unknown exercise")]:
+                       (dict(out=tmp_path / "o", only=["nope"]), "unknown exercise"),
+                       (dict(out=tmp_path / "file" / "x"), "--out")]:
+        (tmp_path / "file").write_text("")
         with pytest.raises(ValueError, match=match):
-            A.write_handout(**bad)
+            write_handout(**bad)
 
 
-def test_edited_tests_patched_checks_endless_loops_and_hard_coded_answers_do_not_pass(tmp_path, monkeypatch):
+def test_edited_tests_patched_checks_endless_loops_and_hard_coding_earn_half_at_most(tmp_path, monkeypatch):
     out = tmp_path / "handout"
-    A.write_handout(out, only=["returns", "gae", "sign_test"])
+    write_handout(out, only=["returns", "gae", "sign_test", "ppo_clip"])
     seen, real = {}, A.discounted_returns                        # a student who copies the visible checks' answers
 
     def spy(rewards, gamma):
@@ -2098,69 +3270,270 @@ def test_edited_tests_patched_checks_endless_loops_and_hard_coded_answers_do_not
     monkeypatch.undo()
     fill(out / "agentic_rl.py", "returns", [f"return torch.tensor({seen!r}.get(repr((rewards, gamma)), [0.0] * len(r)))"])
     fill(out / "agentic_rl.py", "gae", ["while True:", "    pass"])
+    fill(out / "agentic_rl.py", "ppo_clip", ["ratio = (logprobs - old_logprobs).exp()",   # min and max swapped
+                                             "per_token = -torch.max(ratio * advantages, ratio.clamp(1 - clip_eps, "
+                                             "1 + clip_eps) * advantages)",
+                                             "loss = (per_token * mask).sum() / mask.sum().clamp(min=1)",
+                                             "return loss, {'clip_frac': 0.0, 'approx_kl': 0.0}"])
     with open(out / "agentic_rl.py", "a") as f:                    # patching the checks from inside the student's file
         f.write("\nimport builtins, pytest\npytest.approx = lambda *a, **k: True\n"
                 "builtins.AssertionError = type('Never', (Exception,), {})\n")
     (out / "test_agentic_rl.py").write_text("HOMEWORK, EXPERIMENT_CHECKS = [], []\n")
     (out / "conftest.py").write_text("def pytest_runtest_makereport(item, call):\n    call.excinfo = None\n")
-    t = __import__("time").time()
-    report = A.grade(out, only=["returns", "gae", "sign_test", "promotion"], time_limit=4)
-    status = {ex: [(c["hidden"], c["status"]) for c in row["checks"]] for ex, row in report.items()}
+    t = time.time()
+    report = grade(out, only=["returns", "gae", "ppo_clip", "sign_test", "promotion"], time_limit=4)
+    status = {ex: [(c["hidden"], c["status"]) for c in row["checks"]] for ex, row in exercises(report).items()}
     assert all(s == "passed" for hidden, s in status["returns"] if not hidden), status["returns"]
-    assert any(s == "wrong" for hidden, s in status["returns"] if hidden), "a hard-coded answer must fail a hidden check"
-    assert {s for _, s in status["gae"]} == {"time limit"} and __import__("time").time() - t < 40
+    assert suspicious(report["returns"]) and score(report["returns"])[0] <= 0.5 * EXERCISES["returns"][0]
+    assert {s for _, s in status["gae"]} == {"time limit"} and time.time() - t < 60
+    assert score(report["ppo_clip"])[0] <= 0.25 * EXERCISES["ppo_clip"][0], status["ppo_clip"]
     assert {s for _, s in status["sign_test"]} == {"not started"}
-    assert {s for _, s in status["promotion"]} == {"passed"}, "promotion is graded with the reference sign_test_p"
+    assert {s for _, s in status["promotion"]} == {"passed"}, "promotion asks the grader for sign_test_p's values"
 
 
-def test_a_submission_that_does_not_import_is_reported_per_exercise(tmp_path):
+def test_a_file_that_does_not_compile_costs_only_its_own_exercises(tmp_path):
     out = tmp_path / "handout"
-    A.write_handout(out, only=["kl_k3"])
+    write_handout(out, only=["kl_k3"])
     with open(out / "agentic_rl.py", "a") as f:
         f.write("\nraise SystemExit(3)\n")
-    report = A.grade(out, only=["kl_k3", "sign_test"])
+    report = exercises(grade(out, only=["kl_k3", "sign_test"]))
     assert all(c["status"] == "crashes" and "does not import" in c["message"]
                for row in report.values() for c in row["checks"]), report
     (out / "envs.py").write_text("def broken(:\n")
-    report = A.grade(out, only=["sign_test"])
-    assert all("SyntaxError" in c["message"] for c in report["sign_test"]["checks"])
+    shutil.copy(REPO / "agentic_rl.py", out / "agentic_rl.py")
+    report = exercises(grade(out, only=["sign_test", "permission_rule"]))
+    assert {c["status"] for c in report["sign_test"]["checks"]} == {"passed"}, "agentic_rl.py's exercises still count"
+    assert all("SyntaxError" in c["message"] for c in report["permission_rule"]["checks"])
 
 
-def test_the_autograder_bundle_grades_the_reference_fully_and_a_fresh_handout_at_zero(tmp_path):
+def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zero_and_fails_loudly(tmp_path):
     import zipfile
     bundle = tmp_path / "autograder.zip"
-    A.write_autograder(bundle, silent_bug="ratio_always_one")
+    write_autograder(bundle, silent_bug="ratio_always_one", hidden_seed="course-secret")
+    root = tmp_path / "autograder"
     with zipfile.ZipFile(bundle) as z:
-        names = set(z.namelist())
-        assert {"setup.sh", "run_autograder", "agentic_rl.py", "envs.py", "test_agentic_rl.py", "requirements.txt",
-                "silent_bug.txt"} == names
-        assert z.getinfo("run_autograder").external_attr >> 16 & 0o111 and "/autograder/results/results.json" in \
-            z.read("run_autograder").decode()
-        assert "BEGIN GRADER ONLY" in z.read("test_agentic_rl.py").decode(), "the bundle keeps the hidden checks"
-        z.extractall(tmp_path / "source")
-    reference, handout = tmp_path / "reference", tmp_path / "handout"
+        assert set(z.namelist()) == {"setup.sh", "run_autograder", "agentic_rl.py", "envs.py", "test_agentic_rl.py",
+                                     "requirements.txt", "silent_bug.txt", "hidden_seed.txt"}
+        setup = z.read("setup.sh").decode()
+        assert "torch==2.13.0" in setup and "go-rwx" in setup and "useradd" in setup and "--break-system-packages\"" in setup
+        z.extractall(root / "source")
+    (root / "results").mkdir()
+    run = (root / "source" / "run_autograder").read_text().replace("/autograder/", f"{root}/")
+    reference, handout = root / "reference", root / "handout"
     reference.mkdir()
     for name in ("agentic_rl.py", "envs.py"):
-        __import__("shutil").copy(REPO / name, reference / name)
-    (reference / "answers.json").write_text(json.dumps(REFERENCE_ANSWERS))
-    A.write_handout(handout)
+        shutil.copy(REPO / name, reference / name)
+    (reference / "answers.json").write_text(json.dumps(reference_answers()))
+    write_handout(handout)
     scores = {}
     for name, submission in (("reference", reference), ("handout", handout)):
-        done = subprocess.run([sys.executable, "agentic_rl.py", "grade", str(submission), "--json",
-                               str(tmp_path / f"{name}.json")], cwd=tmp_path / "source", capture_output=True, text=True)
-        scores[name] = json.loads((tmp_path / f"{name}.json").read_text())
-        assert done.returncode == (0 if name == "reference" else 1), done.stdout[-2000:] + done.stderr[-2000:]
-    total = sum(points for points, _ in A.EXERCISES.values()) + sum(A.EXPERIMENTS.values())
+        done = subprocess.run(["bash", "-c", run.replace(f"{root}/submission", str(submission))], capture_output=True,
+                              text=True)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        scores[name] = json.loads((root / "results" / "results.json").read_text())
+    total = sum(points for points, _ in EXERCISES.values()) + sum(EXPERIMENTS.values())
     assert scores["reference"]["score"] == pytest.approx(total) and scores["handout"]["score"] == 0
     for name, results in scores.items():                             # Gradescope's results.json format
         assert set(results) >= {"score", "execution_time", "output", "visibility", "stdout_visibility", "tests"}
-        assert len(results["tests"]) == 2 * len(A.EXERCISES) + len(A.EXPERIMENTS) + \
-            sum(any(hidden for ex_, _, _, hidden in EXPERIMENT_CHECKS if ex_ == ex) for ex in A.EXPERIMENTS)
+        assert len(results["tests"]) == 2 * (len(EXERCISES) + len(EXPERIMENTS))
         for t in results["tests"]:
             assert set(t) >= {"name", "score", "max_score", "number", "output", "visibility"}
-            assert t["visibility"] in ("visible", "hidden", "after_due_date", "after_published")
+            assert t["visibility"] in ("visible", "after_published")
             assert (t["score"] == t["max_score"]) if name == "reference" else t["score"] == 0
-            ex = t["name"].split()[0]
-            if name == "handout" and ex in A.EXERCISES:                # every check reached its own blank
-                assert t["output"].count("[not started]") == t["output"].count("\n" + ex + ": ") > 0, t["output"]
+            assert t["max_score"] == pytest.approx(0.5 * dict(EXERCISES, **{k: (v,) for k, v in EXPERIMENTS.items()})[
+                t["name"].split()[0]][0]), "visible and hidden checks carry half the points each"
+    (root / "source" / "agentic_rl.py").write_text("import sys\nsys.exit(7)\n")   # a grader that writes nothing
+    done = subprocess.run(["bash", "-c", run.replace(f"{root}/submission", str(handout))], capture_output=True, text=True)
+    assert done.returncode == 1 and "wrote no results.json" in done.stderr
+    write_autograder(tmp_path / "two.zip", only=["gae", "clock"])
+    with zipfile.ZipFile(tmp_path / "two.zip") as z:
+        assert "--only gae,clock" in z.read("run_autograder").decode() and "hidden_seed.txt" not in z.namelist()
+
+
+HOSTILE = '''
+import json, os, socket, struct, sys, time
+RECORD, RESULTS, SOURCE, SUBMISSION = {record!r}, {results!r}, {source!r}, {submission!r}
+def note(what, data):
+    try:
+        with open(RECORD, "ab") as f:
+            f.write(what.encode() + b": " + (data if isinstance(data, bytes) else str(data).encode()) + b"\\n")
+    except OSError:
+        pass
+real_recv = socket.socket.recv
+def recv(self, *args, **kwargs):                     # record everything the grader sends
+    data = real_recv(self, *args, **kwargs)
+    note("received", data)
+    return data
+socket.socket.recv = recv
+for pid in filter(str.isdigit, os.listdir("/proc")):  # look for the grader through /proc
+    for what in ("cwd", "root"):
+        try:
+            note("found", os.readlink(f"/proc/{{pid}}/{{what}}"))
+        except OSError:
+            pass
+for attempt in (lambda: note("read", open(SOURCE + "/test_agentic_rl.py").read()[:200]),
+                lambda: open(SOURCE + "/silent_bug.txt", "w").write("ratio_always_one"),
+                lambda: open(SOURCE + "/test_agentic_rl.py", "a").write("\\nHOMEWORK.clear()\\n"),
+                lambda: open(SUBMISSION + "/answers.json", "w").write(json.dumps({{"silent_bug": "ratio_always_one"}}))):
+    try:
+        attempt()
+        note("done", "an attempt worked")
+    except OSError as e:
+        note("refused", e)
+os.write(1, b"\\xff\\xfe not utf-8 " + struct.pack("!Q", 12) + b'{{"value": 1}}' + b"\\n" * 3)
+os.write(2, b'{{"ready": true}}\\n\\xff' * 500)
+if os.fork() == 0:                                   # a detached child that outlives the worker
+    os.setsid()
+    if os.fork() == 0:
+        for _ in range(100):
+            try:
+                with open(RESULTS, "w") as f:
+                    f.write(json.dumps({{"score": 140.0, "tests": []}}))
+                note("child", "wrote the results")
+            except OSError as e:
+                note("child", e)
+            time.sleep(0.05)
+    os._exit(0)
+'''
+
+
+def alive_as(uid: int) -> list:
+    return [p for p in filter(str.isdigit, os.listdir("/proc")) if os.path.exists(f"/proc/{p}/status") and
+            f"\nUid:\t{uid}\t" in open(f"/proc/{p}/status").read()]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the sandbox user needs a grader running as root (as on Gradescope)")
+def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_path):
+    source, submission, results, record = installation(tmp_path), tmp_path / "sub", tmp_path / "results.json", \
+        Path(tempfile.mkdtemp()) / "record.txt"
+    os.chmod(record.parent, 0o777)
+    write_handout(submission, only=["returns", "kl_k3"])
+    fill(submission / "agentic_rl.py", "returns", ["G, out = 0.0, []", "for r_k in reversed([float(x) for x in r]):",
+                                                   "    G = r_k + gamma * G", "    out.append(G)",
+                                                   "return torch.tensor(out[::-1])"])
+    (submission / "answers.json").unlink()
+    with open(submission / "agentic_rl.py", "a") as f:
+        f.write(HOSTILE.format(record=str(record), results=str(results), source=str(source), submission=str(submission)))
+    before = {p.name: p.read_bytes() for p in source.iterdir()}
+    course("grade", submission, "--only", "returns,kl_k3,silent_bug", "--json", results, cwd=source, check_exit=1)
+    graded = json.loads(results.read_text())
+    time.sleep(1.0)                                  # a surviving child would rewrite results.json by now
+    assert json.loads(results.read_text()) == graded and alive_as(pwd_uid()) == []
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == before, "the installation is unchanged"
+    assert not (submission / "answers.json").exists() or graded["tests"][-2]["score"] == 0
+    tests = {t["name"]: t for t in graded["tests"]}
+    assert tests["returns (visible checks)"]["score"] == tests["returns (visible checks)"]["max_score"] > 0, \
+        "correct code passes whatever bytes it prints"
+    assert tests["returns (hidden checks)"]["score"] == tests["returns (hidden checks)"]["max_score"]
+    assert tests["kl_k3 (visible checks)"]["score"] == 0
+    seen = record.read_bytes()
+    assert b"an attempt worked" not in seen and b"wrote the results" not in seen and b"refused" in seen
+    assert not [line for line in seen.splitlines() if line.startswith(b"found: ") and str(tmp_path).encode() in line], \
+        "/proc shows the student nothing of the grader's directories"
+    reference = (REPO / "agentic_rl.py").read_text()
+    lines = {normalized(line) for line in reference.splitlines() if len(normalized(line)) > 24}
+    received = seen.decode("utf-8", "replace")
+    assert b"received" in seen and not [line for line in lines if line in received], "no reference code crossed"
+    blank = tmp_path / "blank"                       # the next student, graded by the same installation
+    write_handout(blank)
+    course("grade", blank, "--json", tmp_path / "blank.json", cwd=source, check_exit=1)
+    assert json.loads((tmp_path / "blank.json").read_text())["score"] == 0
+
+
+def pwd_uid() -> int:
+    import pwd
+    try:
+        return pwd.getpwnam(SANDBOX_USER).pw_uid
+    except KeyError:
+        return pwd.getpwnam("nobody").pw_uid
+
+
+def test_a_detached_child_is_killed_even_without_a_sandbox_user(tmp_path):
+    submission, marker = tmp_path / "sub", tmp_path / "marker"
+    write_handout(submission, only=["kl_k3"])
+    with open(submission / "agentic_rl.py", "a") as f:
+        f.write(f"\nimport os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                f"        while True:\n            open({str(marker)!r}, 'a').write('x')\n            time.sleep(0.05)\n"
+                f"    os._exit(0)\nwhile not os.path.exists({str(marker)!r}):\n    time.sleep(0.01)\n")
+    report = grade(submission, only=["kl_k3"], user=None)
+    assert "unsandboxed" in report["~sandbox"]
+    size = marker.stat().st_size
+    time.sleep(0.5)
+    assert marker.stat().st_size == size > 0, "the child ran, and died with its exercise"
+
+
+def test_whatever_a_submission_holds_it_gets_a_valid_results_json(tmp_path, capsys):
+    cases = {"deep": {"answers.json": "[" * 100_000}, "links": {"agentic_rl.py": REPO / "agentic_rl.py"},
+             "special": {"answers.json": "dir", "envs.py": "fifo"}, "huge": {"envs.py": "#" * (5 << 20)}}
+    for case, files in cases.items():
+        submission = tmp_path / case
+        write_handout(submission, only=["sign_test", "permission_rule"])
+        for name, what in files.items():
+            (submission / name).unlink()
+            if isinstance(what, Path):
+                (submission / name).symlink_to(what)
+            elif what == "dir":
+                (submission / name).mkdir()
+            elif what == "fifo":
+                os.mkfifo(submission / name)
+            else:
+                (submission / name).write_text(what)
+        results = tmp_path / f"{case}.json"
+        code, printed = course_here(capsys, "grade", submission, "--only", "sign_test,permission_rule,clock", "--json",
+                                    results)
+        out = json.loads(results.read_text())
+        assert code == 1 and out["score"] == 0 and len(out["tests"]) == 6, (case, out)
+        text = printed + json.dumps(out)
+        expected = {"deep": "not valid JSON", "links": "agentic_rl.py is a symbolic link",
+                    "special": "envs.py is a special file", "huge": "envs.py is over 4 MiB"}[case]
+        assert expected in text, (case, text[-1500:])
+    assert "answers.json is a directory" in json.dumps(json.loads((tmp_path / "special.json").read_text()))
+
+
+def test_limits_are_checked_up_front_and_a_memory_hog_is_stopped(tmp_path, capsys):
+    for bad in ("0", "-1", "nan", "inf", "1e-9"):
+        code, printed = course_here(capsys, "grade", tmp_path, "--time-limit", bad)
+        assert code == 2 and "--time-limit" in printed
+    code, printed = course_here(capsys, "grade", tmp_path / "missing")
+    assert code == 2 and "no such directory" in printed
+    submission = tmp_path / "hog"
+    write_handout(submission, only=["kl_k3"])
+    fill(submission / "agentic_rl.py", "kl_k3", ["hog = bytearray(3 << 30)", "return hog"])
+    report = grade(submission, only=["kl_k3"])
+    assert {c["status"] for c in report["kl_k3"]["checks"]} == {"memory limit"}, report
+
+
+def test_hidden_inputs_come_from_the_course_secret():
+    draws = {}
+    for secret in ("", "one", "two"):
+        HIDDEN["seed"] = hidden_seed_of(secret)
+        draws[secret] = hidden_rng(41).integers(0, 10**9, size=4).tolist()
+    HIDDEN["seed"] = 0
+    assert len({tuple(d) for d in draws.values()}) == 3, "each course's secret draws its own hidden inputs"
+    assert hidden_seed_of("") == 0 and hidden_seed_of(None) == 0
+
+
+def test_experiments_are_graded_on_the_runs_own_records():
+    key = {"silent_bug": "ratio_always_one"}
+    run = lambda answers: {name: run_check(fn, answers, key)[0] for _, name, fn, _ in EXPERIMENT_CHECKS}
+    assert set(run(reference_answers()).values()) == {"passed"}
+    for change, failing in [
+            (lambda a: a["clock"]["value_zero"].__setitem__(1, 0.9), "clock_numbers_are_the_runs_own_records"),
+            (lambda a: a["clock"]["runs"]["bootstrap_budget"][0]["summary"]["config"].update(bootstrap_budget=False),
+             "clock_numbers_are_the_runs_own_records"),
+            (lambda a: a["clock"]["runs"]["value_zero"][2]["summary"]["config"].update(iterations=10),
+             "clock_numbers_are_the_runs_own_records"),
+            (lambda a: a.update(silent_bug_evidence="clip_frac and approx_kl stay where they should not be in every "
+                                                    "single run that I made with this handout, which shows the bug"),
+             "silent_bug_answer_names_a_bug_and_carries_six_runs"),
+            (lambda a: a.update(silent_bug_evidence=a["silent_bug_evidence"].replace("exactly 0", "exactly 0.25")
+                                .replace("seed 0, seed 1 and seed 2", "seeds A, B, C").replace("0.0015", "")),
+             "silent_bug_evidence_is_the_runs_numbers_and_they_show_the_bug"),
+            (lambda a: [m.update(clip_frac=0.002) for r in a["silent_bug_runs"] for m in r["metrics"]],
+             "silent_bug_evidence_is_the_runs_numbers_and_they_show_the_bug"),
+            (lambda a: a.update(silent_bug="one_group_per_batch"), "silent_bug_is_the_one_planted_in_this_handout")]:
+        answers = reference_answers()
+        change(answers)
+        verdicts = run(answers)
+        assert verdicts[failing] == "wrong", (failing, verdicts)
 # END GRADER ONLY
