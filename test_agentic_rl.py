@@ -2916,7 +2916,7 @@ def installation_file(name: str):
 
 
 def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, hidden_seed=None,
-          user=SANDBOX_USER, memory: int = MEMORY_LIMIT) -> dict:
+          user=SANDBOX_USER, memory: int = MEMORY_LIMIT, rerun_seconds: float = 0.0) -> dict:
     """Grade a submission: its agentic_rl.py, envs.py and answers.json, read first; each exercise in
     a fresh sandboxed worker within time_limit seconds, against this installation's checks; every
     verdict reached here. Returns {exercise: {"points", "checks": [{"name", "hidden", "status",
@@ -2945,8 +2945,44 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
             if check_ex == ex:
                 status, message = ("not started", answers_problem) if answers is None else run_check(check, answers, key)
                 report[ex]["checks"].append({"name": name, "hidden": hidden, "status": status, "message": message})
+    if rerun_seconds and "clock" in report and report["clock"]["checks"][1]["status"] == "passed":
+        report["clock"]["checks"].append(rerun_check(answers, rerun_seconds))
     report["~sandbox"] = f"{sandbox.note}, network {getattr(sandbox, 'network', 'unknown')}"
     return report
+
+
+RERUN_TOLERANCE = 0.1   # dev success: the same seed on the same machine gives the same number, another machine
+                        # may differ by a few tasks, a made-up record by much more
+
+
+def rerun(record: dict, seconds: float) -> tuple:
+    """A spot check that a record is a real run: train again here, with the reference and the record's
+    own settings, within `seconds`. Returns (recorded, rerun) candidate dev success."""
+    import subprocess
+    config, defaults = record["summary"]["config"], asdict(A.Config())
+    flags = []
+    for name, value in config.items():
+        if name in defaults and name not in ("run_dir", "overwrite", "device", "resume") and value != defaults[name]:
+            flags += [f"--{name.replace('_', '-')}"] + ([] if isinstance(value, bool) else [str(value)])
+    with tempfile.TemporaryDirectory() as folder:
+        subprocess.run([sys.executable, str(REPO / "agentic_rl.py"), "train", *flags, "--device", "cpu", "--run-dir",
+                        f"{folder}/run"], capture_output=True, timeout=seconds, check=True)
+        again = json.loads(Path(f"{folder}/run/summary.json").read_text())["candidate"]["dev_success"]
+    return record["summary"]["candidate"]["dev_success"], again
+
+
+def rerun_check(answers, seconds: float) -> dict:
+    """E3's audit (grade --rerun SECONDS): one of the twelve records, chosen at random, trained again."""
+    setting, seed = random.choice(list(CLOCK_SETTINGS)), random.randrange(3)
+    check = {"name": f"rerun_of_clock_{setting}_seed_{seed}_reproduces_its_record", "hidden": True}
+    try:
+        recorded, again = rerun(answers["clock"]["runs"][setting][seed], seconds)
+    except Exception as e:
+        return {**check, "status": "grader error", "message": f"the rerun did not finish ({type(e).__name__})"}
+    ok = abs(recorded - again) <= RERUN_TOLERANCE
+    return {**check, "status": "passed" if ok else "wrong", "message": "" if ok else
+            f"clock.runs.{setting}[{seed}] records dev success {recorded}; trained again here: {again} (tolerance "
+            f"{RERUN_TOLERANCE})"}
 
 
 HIDDEN = {"seed": 0}  # the course's secret as a number; 0 = the public default
@@ -3111,6 +3147,8 @@ def course_main(argv):
     p_grade.add_argument("--time-limit", type=float, default=60.0, help="seconds per exercise (default 60)")
     p_grade.add_argument("--silent-bug", default=None, choices=tuple(SILENT_BUGS), help="the bug planted in the handout")
     p_grade.add_argument("--hidden-seed", default=None, help="the course's secret (the bundle keeps it)")
+    p_grade.add_argument("--rerun", type=float, default=0.0, help="seconds for E3's audit: one of its runs, chosen at "
+                         f"random, trained again here (dev success within {RERUN_TOLERANCE}); 0 = off")
     args = parser.parse_args(argv)
     only = args.only.split(",") if args.only else None
     t = time.time()
@@ -3126,7 +3164,9 @@ def course_main(argv):
             if bug and not (args.hidden_seed and args.out):
                 print(f"the planted bug is {bug!r}: keep it from the students; grade with --silent-bug {bug}")
             return
-        report = grade(args.dir, only, args.time_limit, args.silent_bug, args.hidden_seed)
+        if args.rerun < 0 or not math.isfinite(args.rerun):
+            raise ValueError(f"--rerun {args.rerun}: seconds for the audit, 0 (off) or more")
+        report = grade(args.dir, only, args.time_limit, args.silent_bug, args.hidden_seed, rerun_seconds=args.rerun)
     except ValueError as e:
         parser.error(str(e))
     except Exception as e:                       # the grader's own failure: say so, in results.json too
@@ -3448,15 +3488,18 @@ def pwd_uid() -> int:
         return pwd.getpwnam("nobody").pw_uid
 
 
-def test_a_detached_child_is_killed_even_without_a_sandbox_user(tmp_path):
+def test_a_detached_child_is_killed_and_answers_written_late_are_ignored_even_without_a_sandbox_user(tmp_path):
     submission, marker = tmp_path / "sub", tmp_path / "marker"
     write_handout(submission, only=["kl_k3"])
-    with open(submission / "agentic_rl.py", "a") as f:
+    (tmp_path / "late.json").write_text(json.dumps(reference_answers()))
+    with open(submission / "agentic_rl.py", "a") as f:                 # answers.json, written while being graded
+        f.write(f"\nimport shutil\nshutil.copy({str(tmp_path / 'late.json')!r}, {str(submission / 'answers.json')!r})\n")
         f.write(f"\nimport os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
                 f"        while True:\n            open({str(marker)!r}, 'a').write('x')\n            time.sleep(0.05)\n"
                 f"    os._exit(0)\nwhile not os.path.exists({str(marker)!r}):\n    time.sleep(0.01)\n")
-    report = grade(submission, only=["kl_k3"], user=None)
-    assert "unsandboxed" in report["~sandbox"]
+    report = grade(submission, only=["kl_k3", "clock"], user=None)
+    assert "unsandboxed" in report["~sandbox"] and "passed" not in {c["status"] for c in report["clock"]["checks"]}
+    assert json.loads((submission / "answers.json").read_text()) == reference_answers(), "it was written, and not read"
     size = marker.stat().st_size
     time.sleep(0.5)
     assert marker.stat().st_size == size > 0, "the child ran, and died with its exercise"
@@ -3511,6 +3554,16 @@ def test_hidden_inputs_come_from_the_course_secret():
     HIDDEN["seed"] = 0
     assert len({tuple(d) for d in draws.values()}) == 3, "each course's secret draws its own hidden inputs"
     assert hidden_seed_of("") == 0 and hidden_seed_of(None) == 0
+
+
+def test_a_rerun_reproduces_a_real_record_and_not_a_made_up_one(tmp_path, capsys):
+    run = tmp_path / "run"
+    A.main(["train", "--run-dir", str(run), *TINY_FLAGS])
+    record = run_record(run)
+    assert rerun(record, 300) == (record["summary"]["candidate"]["dev_success"],) * 2
+    record["summary"]["candidate"]["dev_success"] = 1.0 - record["summary"]["candidate"]["dev_success"]
+    recorded, again = rerun(record, 300)
+    assert abs(recorded - again) > RERUN_TOLERANCE
 
 
 def test_experiments_are_graded_on_the_runs_own_records():
