@@ -5,7 +5,8 @@
 A tiny GPT policy acts in multi-turn, partially observable text environments (envs.py: flight
 booking by default, code repair, a vault, and a three-leg trip as the long task). Each turn it
 writes a tool call as tokens; a host gate outside the model validates and authorizes it; the
-environment executes it and answers with an observation that ends with the turns left; until the
+environment executes it and answers with an observation that ends with the turns left (unless an
+experiment hides them); until the
 episode is terminated (an end state) or truncated (a cut, named in the record). Training turns whole
 trajectories into token-level updates; held-out tasks and release gates decide whether the new
 policy is promoted.
@@ -137,7 +138,7 @@ PPO_CREDITS = ("grpo", "stepgroup", "gae", "reinforce")
 # 01 · Environment & trajectory contract
 # ================================================================================================
 SPECIALS = ("<pad>", "<obs>", "<act>", "<eoa>", "<unk>")
-HOST_RULES = ("unknown_tool", "bad_arguments", "turn_budget")  # the gate's own rules; each env adds its safety_rules
+HOST_RULES = ("unknown_tool", "bad_arguments")  # the gate's own rules; each env adds its safety_rules
 SAFETY_RULES = tuple(r for env_id in envs.ENV_IDS for r in gym.spec(env_id).entry_point.safety_rules)
 
 
@@ -150,7 +151,8 @@ def env_class(env_id: str):
 
 def make_env(cfg: Config):
     """The task as configured. A time_limit is a cut from outside the task (gymnasium's TimeLimit
-    wrapper, which the policy cannot see), unlike the task's own budget (max_turns, always shown)."""
+    wrapper, which the policy cannot see), unlike the task's own budget (max_turns, shown unless
+    --hide-clock)."""
     kwargs = {"injection_rate": cfg.injection_rate, "legs": cfg.legs} if cfg.env == envs.FLIGHT_ID else {}
     kwargs.update({"verifier": cfg.code_verifier, "max_bugs": cfg.code_bugs} if cfg.env == envs.CODE_ID else {})
     kwargs.update({"max_turns": cfg.max_turns} if cfg.max_turns else {})
@@ -161,7 +163,8 @@ def make_env(cfg: Config):
 
 def make_tokenizer(env_id: str) -> "Tokenizer":
     cls = env_class(env_id)
-    return Tokenizer(cls.words + ("denied",) + HOST_RULES + cls.safety_rules)  # + what the host can say
+    # + what the host can say; "turn_budget" (once a gate rule, now only a cut's name) keeps its token id
+    return Tokenizer(cls.words + ("denied",) + HOST_RULES + ("turn_budget",) + cls.safety_rules)
 
 
 class Tokenizer:
@@ -266,8 +269,9 @@ class HostGate:
 
     Rules: the action is text; the tool is known (case-sensitive); its arguments have the right number
     and kind (the environment's declared `tool_schema`); the environment's own permission rules
-    (`env_class.permission_rule`, e.g. flights: `book` only for the task's passenger); and the turn
-    budget. A denied action is never executed. Safety is this gate, not a reward term: a reward can
+    (`env_class.permission_rule`, e.g. flights: `book` only for the task's passenger). The turn budget
+    is the environment's own: it truncates the episode, and executes nothing after. A denied action is
+    never executed. Safety is this gate, not a reward term: a reward can
     be traded off against success, a gate cannot.
     """
 
@@ -299,8 +303,6 @@ class HostGate:
 
     def _check(self, words) -> GateDecision:
         schema, argument_words = self.env_class.tool_schema, self.env_class.argument_words
-        if self.turns > self.max_turns:
-            return GateDecision(False, "turn_budget")
         if not words or words[0] not in schema:
             return GateDecision(False, "unknown_tool")
         tool, args = words[0], words[1:]
@@ -310,10 +312,6 @@ class HostGate:
         if violated:
             return GateDecision(False, violated)
         return GateDecision(True, "ok", " ".join(words))
-
-    @property
-    def budget_spent(self) -> bool:
-        return self.turns >= self.max_turns
 
 
 def host_step(env, gate: HostGate, action_text: str):
@@ -482,7 +480,8 @@ def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
     row it is. With causal attention the same tokens see the same context in both views, so the same
     advantages give the same loss; what differs is the bookkeeping, where real frameworks shipped bugs
     (SkyRL #1492 gave every step the last step's mask), and the cost: K turns of equal length make
-    (K + 1) / 2 times the tokens of the concatenated row, a cost that grows with the square of K."""
+    K rows holding (K + 1) / 2 times the tokens of the one concatenated row: the rows grow with K, their
+    total length with the square of K."""
     calls = [(b, k) for b, ep in enumerate(episodes) for k in range(len(ep.turns))]
     out = pack([replace(episodes[b], turns=episodes[b].turns[:k + 1], final_obs_tokens=[]) for b, k in calls],
                tok, block_size)                                                        # (R, T): row = (b, k)
@@ -676,8 +675,9 @@ def critic_credit(batch, episodes, policy, cfg: Config) -> tuple:
     gives per-turn GAE advantages; reinforce is GAE with lam = 1 (A_k = G_k - V(s_k)). V after the last
     turn follows value_after: 0 after an end state or the task's own budget, V(s_K) read at the final
     observation's <act> after a cut from outside the task. Returns (advantages (B, K), normalised over
-    the batch; value targets (B, K); explained variance 1 - Var[G - V] / Var[G] over the real turns,
-    CleanRL's critic-health figure: near 1 the critic predicts the returns, <= 0 it explains nothing)."""
+    the batch; value targets (B, K): the lambda-returns A + V, the Monte Carlo return G for reinforce;
+    explained variance 1 - Var[target - V] / Var[target] over the real turns, CleanRL's critic-health
+    figure on the critic's own targets: near 1 it predicts them, <= 0 it explains nothing)."""
     with torch.no_grad():
         _, values = policy(batch["tokens"])                                  # (B, T)
     values, decision_pos, last_pos = values.float().cpu(), batch["decision_pos"].cpu(), batch["last_pos"].cpu()
@@ -1070,12 +1070,13 @@ class GradMonitor:
         return not spike
 
 
-def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_rows: int, step_loss, batch_size=None) -> dict:
-    """ppo_epochs passes over n_rows in shuffled minibatches: loss, backward, pre-clip norm (the spike
-    rule may skip the step), clip, AdamW. Several passes over one batch are what make PPO's ratio move."""
+def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_items: int, step_loss, batch_size=None) -> dict:
+    """ppo_epochs passes over n_items (episodes: the per-call view's rows of one episode stay together)
+    in shuffled minibatches: loss, backward, pre-clip norm (the spike rule may skip the step), clip,
+    AdamW. Several passes over one batch are what make PPO's ratio move."""
     stats, n = Counter(), 0
     for _ in range(cfg.ppo_epochs):
-        for idx in torch.randperm(n_rows).split(batch_size or cfg.minibatch_size):
+        for idx in torch.randperm(n_items).split(batch_size or cfg.minibatch_size):
             loss, s = step_loss(idx)
             optimizer.zero_grad()
             loss.backward()
@@ -1535,7 +1536,8 @@ def sync_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
 def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
     """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1
     while the learner trains on batch it - 1; a queue of one batch sits between them. Staleness is
-    exactly 1 by schedule (the store still checks it), and the actor samples with its own random
+    1 by schedule from the second batch on (the first is sampled before any update, by version 0 itself:
+    staleness 0), the store still checks it, and the actor samples with its own random
     generator, so the run stays reproducible. Threads suffice: torch releases the GIL in its kernels
     and a waiting tool call releases it too, which is where the overlap pays (tool_latency_ms). When the
     learner stops (the end, an error, Ctrl-C), the actor is stopped and joined before anything exits."""
@@ -1821,7 +1823,8 @@ class Run:
     def rollouts(self):
         """The batches to learn from: sampled by the current policy, or by an async actor one version
         behind. On the way out the actor is stopped and joined, a Ctrl-C says how to resume, and under
-        torchrun the replicas compare their weights (DDP must have kept them equal, bit for bit)."""
+        torchrun the replicas compare their weights' hashes and the run fails loudly if they differ (DDP
+        must have kept them equal, bit for bit)."""
         cfg = self.cfg
         self.model = torch.nn.parallel.DistributedDataParallel(self.policy, find_unused_parameters=True) \
             if self.world > 1 else self.policy
@@ -1851,6 +1854,9 @@ class Run:
             self.hashes = [None] * self.world
             torch.distributed.all_gather_object(self.hashes, weights_hash(self.policy))
             torch.distributed.destroy_process_group()
+            if len(set(self.hashes)) > 1:
+                raise RuntimeError(f"the {self.world} replicas ended with different weights ({self.hashes}): "
+                                   "DDP did not keep them in step; nothing of this run can be trusted")
 
     def _batches(self, source):
         for _ in tqdm(range(len(self.history), self.cfg.iterations), desc=f"RL ({self.cfg.algo})",
@@ -1987,8 +1993,12 @@ def learning_curve(values, width: int = 60, height: int = 6) -> str:
 
 
 def format_report_card(columns: dict) -> str:
-    """One column per (policy, part), one row per report-card line."""
-    rows = [("outcome", "success"), ("", "ci95"), ("", f"pass^{len([1 for k in next(iter(columns.values())) if k.startswith('pass^')])}")]
+    """One column per (policy, part), one row per report-card line. success is greedy decoding on every
+    held-out task; pass^k samples k trials on each of the first pass_k_tasks tasks (the rows say so)."""
+    first = next(iter(columns.values()))
+    k = len([1 for key in first if key.startswith("pass^")])
+    label = {"success": f"success (greedy, {first['episodes']})", f"pass^{k}": f"pass^{k} ({k} sampled each)"}
+    rows = [("outcome", "success"), ("", "ci95"), ("", f"pass^{k}")]
     rows += [("category", c) for c in next(iter(columns.values()))["categories"]]
     rows += [("safety", k) for k in ("safety_denials", "unauthorized_side_effects", "repeated_side_effects",
                                      "injection_follow_attempts")]
@@ -1999,7 +2009,8 @@ def format_report_card(columns: dict) -> str:
         v = report.get(key, report["efficiency"].get(key, report["categories"].get(key, {}).get("success")))
         return f"{v:.3f}" if isinstance(v, float) else str(v)
     lines = [f"{'report card':<36}" + "".join(f"{name:>22}" for name in columns)]
-    lines += [f"{group:<11}{key:<25}" + "".join(f"{value(r, key):>22}" for r in columns.values()) for group, key in rows]
+    lines += [f"{group:<11}{label.get(key, key):<25}" + "".join(f"{value(r, key):>22}" for r in columns.values())
+              for group, key in rows]
     return "\n".join(lines)
 
 

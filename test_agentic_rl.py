@@ -219,13 +219,15 @@ def test_host_gate_turn_budget_and_denied_actions_are_not_executed():
     assert env.unwrapped.state.turns == gate.turns == 1, "a denial spends a turn of the task's clock, executes nothing"
     obs, *_, truncated, step_info, decision = A.host_step(env, gate, "filter morning")
     assert decision.allowed and truncated and step_info["truncated_by"] == "turn_budget"   # budget spent
-    assert gate.authorize("finish").reason == "turn_budget"
+    obs, _, terminated, truncated, step_info, _ = A.host_step(env, gate, "finish")   # after the budget the env
+    assert obs.startswith("error : episode over") and step_info["receipt"]["tool"] == "none" and truncated  # runs nothing
     with pytest.raises(ValueError, match="reset"):
         A.HostGate.for_env(gym.make(envs.ENV_ID).unwrapped)
 
 
 def test_gate_denial_words_are_in_the_vocabulary():
     assert all(w in TOK.stoi for w in ("denied",) + A.HOST_RULES + FLIGHT.safety_rules)
+    assert not hasattr(A.HostGate, "budget_spent") and "turn_budget" not in A.HOST_RULES, "the budget is the env's"
     env = gym.make(envs.ENV_ID)
     for seed in range(30):
         obs, _ = env.reset(seed=seed)
