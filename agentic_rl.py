@@ -20,8 +20,8 @@ vocabulary is closed, one word = one token) and learned reward models (the verif
 The file is a reader's path in three parts:
     Part I   · the loop     01 contracts, 02 masks, 03 credit, 04 objectives, 05 policy and learner,
                             07 evaluation and release gates, then train(): readable on its own
-    Part II  · the system   validation, devices and torchrun, the async actor, checkpoints and run
-                            directories, resume, monitors: what train() leans on
+    Part II  · the system   checks, devices, torchrun and the async actor, the transformer,
+                            checkpoints, run directories, resume, the report card, monitors
     Part III · the tools    examples, show, play, compare, bench, the CLI (the course's homework and
                             grade commands live with their checks, in test_agentic_rl.py)
 
@@ -140,25 +140,6 @@ PPO_CREDITS = ("grpo", "stepgroup", "gae", "reinforce")
 SPECIALS = ("<pad>", "<obs>", "<act>", "<eoa>", "<unk>")
 HOST_RULES = ("unknown_tool", "bad_arguments")  # the gate's own rules; each env adds its safety_rules
 SAFETY_RULES = tuple(r for env_id in envs.ENV_IDS for r in gym.spec(env_id).entry_point.safety_rules)
-
-
-def env_class(env_id: str):
-    """The environment class behind a gymnasium id; it carries words, tool schema, demonstrator, evaluator."""
-    if env_id not in envs.ENV_IDS:
-        raise ValueError(f"env={env_id!r}: use one of {', '.join(envs.ENV_IDS)}")
-    return gym.spec(env_id).entry_point
-
-
-def make_env(cfg: Config):
-    """The task as configured. A time_limit is a cut from outside the task (gymnasium's TimeLimit
-    wrapper, which the policy cannot see), unlike the task's own budget (max_turns, shown unless
-    --hide-clock)."""
-    kwargs = {"injection_rate": cfg.injection_rate, "legs": cfg.legs} if cfg.env == envs.FLIGHT_ID else {}
-    kwargs.update({"verifier": cfg.code_verifier, "max_bugs": cfg.code_bugs} if cfg.env == envs.CODE_ID else {})
-    kwargs.update({"max_turns": cfg.max_turns} if cfg.max_turns else {})
-    kwargs.update({"tool_latency_ms": cfg.tool_latency_ms} if cfg.tool_latency_ms else {})
-    env = gym.make(cfg.env, show_clock=not cfg.hide_clock, **kwargs)
-    return gym.wrappers.TimeLimit(env, cfg.time_limit) if cfg.time_limit else env
 
 
 def make_tokenizer(env_id: str) -> "Tokenizer":
@@ -513,24 +494,6 @@ def token_logprobs(logits, tokens):
 # ================================================================================================
 # 03 · Credit assignment
 # ================================================================================================
-def _vector(x, name, ndim=1) -> torch.Tensor:
-    """Lists or tensors in, float tensor out; a clear ValueError (naming `name`) instead of a torch error."""
-    try:
-        t = torch.as_tensor(x, dtype=torch.float32)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{name}: expected numbers (a list or tensor), got {type(x).__name__}: {e}") from None
-    if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name}: expected {ndim}-D, got shape {tuple(t.shape)}")
-    if not torch.isfinite(t).all():
-        raise ValueError(f"{name}: contains NaN or inf")
-    return t
-
-
-def _unit_interval(value, name):
-    if not 0.0 <= float(value) <= 1.0:
-        raise ValueError(f"{name}={value}: must be in [0, 1]")
-
-
 def discounted_returns(rewards, gamma) -> torch.Tensor:
     """G_k = r_k + gamma * G_{k+1}, G_K = 0. Reward 1 at turn 4, gamma 0.9 -> [0.729, 0.81, 0.9, 1].
     A time preference, not proof that the last step mattered most (chapter §03)."""
@@ -717,13 +680,6 @@ def denied_turns(episodes, K: int) -> torch.Tensor:
 # ================================================================================================
 # 04 · Objectives
 # ================================================================================================
-def _same_shape(**tensors):
-    shapes = {k: tuple(torch.as_tensor(v).shape) for k, v in tensors.items()}
-    if len(set(shapes.values())) != 1:
-        raise ValueError(f"shapes disagree: {shapes}; all must be (B, T)")
-    return [torch.as_tensor(v, dtype=torch.float32) for v in tensors.values()]
-
-
 def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2):
     """PPO clipped surrogate, token mean over the action mask.
 
@@ -780,6 +736,704 @@ def sft_loss(logprobs, mask) -> torch.Tensor:
 # ================================================================================================
 # 05 · Training system: the policy, the trajectory store, the warm start, the learner
 # ================================================================================================
+# The policy is a nanoGPT-style decoder with a value head (Part II, "The transformer"). Its contract:
+#   policy(tokens) -> logits (B, T, V) and values (B, T): the next-token distribution and V(s) at every
+#   position; the value that matters is V read at a turn's <act> token, the state before the action.
+#   policy(new_tokens, cache, pos) continues from a KV cache (policy.new_cache()): rollout feeds one
+#   token at a time, so sampling costs one position per token, not the whole context again.
+
+
+def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
+    return GPT(vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd).to(device)
+
+
+REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split",
+                   "policy_version")
+
+
+class StaleEpisode(ValueError):
+    """An episode whose behaviour policy is more than max_staleness versions old."""
+
+
+class TrajectoryStore:
+    """Admits only episodes a learner can trust; refuses bad data with a clear error, never patches it.
+    What it admits is a copy, so nobody can change it behind the store's back."""
+
+    def __init__(self, max_staleness: int, vocab_size: int):
+        for name, value, low in (("max_staleness", max_staleness, 0), ("vocab_size", vocab_size, 1)):
+            if type(value) is not int or value < low:
+                raise ValueError(f"TrajectoryStore: {name}={value!r} must be an int >= {low}")
+        self.max_staleness, self.vocab_size = max_staleness, vocab_size
+        self.episodes, self.seen_ids = [], set()
+        self.staleness = Counter()   # versions old -> admitted episodes (the staleness histogram)
+        self.refused_stale = 0
+
+    def add(self, ep: Episode, current_version: int):
+        """Admit one episode, or raise: StaleEpisode (a ValueError) when it is more than max_staleness
+        versions old, ValueError naming the episode and the problem for anything else."""
+        if type(current_version) is not int or current_version < 0:
+            raise ValueError(f"current_version={current_version!r}: the learner's policy_version, an int >= 0")
+        malformed(ep, self.vocab_size)  # types, token ids, finite and possible numbers (Part II)
+        # BEGIN SOLUTION store_refusals
+        for name in REQUIRED_FIELDS:
+            if getattr(ep, name, None) in (None, ""):
+                raise ValueError(f"episode {getattr(ep, 'episode_id', '?')!r}: missing field '{name}'")
+        if ep.env_id not in envs.ENV_IDS:
+            raise ValueError(f"episode {ep.episode_id}: env_id {ep.env_id!r} is not one of {', '.join(envs.ENV_IDS)}")
+        if ep.split != "train":
+            raise ValueError(f"episode {ep.episode_id}: split {ep.split!r}; only training episodes are learned from "
+                             "(a held-out episode in the batch leaks the evaluation)")
+        if ep.episode_id in self.seen_ids:
+            raise ValueError(f"episode {ep.episode_id}: duplicate episode_id; each rollout needs a fresh id")
+        if len({ep.policy_version} | {t.policy_version for t in ep.turns}) > 1:
+            raise ValueError(f"episode {ep.episode_id}: mixes policy versions; one episode must come from one "
+                             "behaviour policy")
+        if ep.policy_version > current_version:
+            raise ValueError(f"episode {ep.episode_id}: policy_version {ep.policy_version} is from the future "
+                             f"(the learner is at version {current_version})")
+        if current_version - ep.policy_version > self.max_staleness:
+            raise StaleEpisode(f"episode {ep.episode_id}: policy_version {ep.policy_version} is too stale for "
+                               f"version {current_version} (max_staleness={self.max_staleness})")
+        for k, t in enumerate(ep.turns):
+            if len(t.action_logprobs) != len(t.action_tokens):
+                raise ValueError(f"episode {ep.episode_id} turn {k}: action_logprobs must hold one log-prob per "
+                                 f"action token ({len(t.action_tokens)}); store one per sampled token")
+            if (t.terminated and t.truncated) or (t.terminated or t.truncated) != (k == len(ep.turns) - 1):
+                raise ValueError(f"episode {ep.episode_id} turn {k}: the last turn, and only it, ends the episode, "
+                                 "either terminated or truncated")
+            if t.truncated_by not in (CUTS if t.truncated else ("",)):
+                raise ValueError(f"episode {ep.episode_id} turn {k}: truncated_by={t.truncated_by!r}; a truncated "
+                                 f"turn names its cut ({', '.join(CUTS)}), any other turn none")
+        # END SOLUTION store_refusals
+        self.seen_ids.add(ep.episode_id)
+        self.staleness[current_version - ep.policy_version] += 1
+        self.episodes.append(copy.deepcopy(ep))
+
+    def add_all(self, episodes, current_version: int):
+        """Admit a batch. Too-stale episodes (asynchronous rollout makes them) are refused and counted,
+        never trained on; any other refusal stops training: the data cannot be trusted."""
+        for ep in episodes:
+            try:
+                self.add(ep, current_version)
+            except StaleEpisode:
+                self.refused_stale += 1
+
+    def take(self) -> list:
+        """Hand the admitted episodes to the learner (ids stay remembered, so a replay is refused)."""
+        out, self.episodes = self.episodes, []
+        return out
+
+
+def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
+    """Supervised fine-tuning on the demonstrator: imitation copies its habits, good and bad."""
+    if cfg.warm_start_episodes == 0:
+        return {"demo_success": None, "sft_loss": None, "epochs": 0}
+    demos = demonstration_episodes(cfg, tok, cfg.warm_start_episodes, seed=cfg.seed * 100_003 + 7)
+    longest = max(sum(len(t.obs_tokens) + len(t.action_tokens) for t in ep.turns) + len(ep.final_obs_tokens)
+                  for ep in demos)
+    if longest > cfg.block_size:
+        raise ValueError(f"block_size={cfg.block_size}: {cfg.env}'s demonstrations need up to {longest} tokens; "
+                         f"use --block-size {longest} or more")
+    batch = {k: v.to(device) for k, v in pack(demos, tok, cfg.block_size).items()}
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.sft_lr, weight_decay=cfg.sft_weight_decay)
+    n, losses, epochs = len(demos), [], cfg.sft_epochs or SFT_EPOCHS[cfg.env]
+    steps = epochs * math.ceil(n / cfg.sft_batch_size)
+    bar = tqdm(total=steps, desc="warm start (SFT)", disable=not progress, leave=False)
+    for _ in range(epochs):
+        for idx in torch.randperm(n).split(cfg.sft_batch_size):
+            for group in opt.param_groups:
+                group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)
+            tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
+            logprobs, _ = token_logprobs(policy(tokens)[0], tokens)
+            loss = sft_loss(logprobs, mask)
+            opt.zero_grad()
+            loss.backward()  # no gradient clipping here: clipping at 1.0 delayed learning to copy (README)
+            opt.step()
+            losses.append(loss.item())
+            bar.update(1)
+    bar.close()
+    return {"demo_success": float(np.mean([ep.reward for ep in demos])), "sft_loss": float(np.mean(losses[-10:])),
+            "epochs": epochs}
+
+
+def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_items: int, step_loss, batch_size=None) -> dict:
+    """ppo_epochs passes over n_items (episodes: the per-call view's rows of one episode stay together)
+    in shuffled minibatches: loss, backward, pre-clip norm (the spike rule may skip the step), clip,
+    AdamW. Several passes over one batch are what make PPO's ratio move."""
+    stats, n = Counter(), 0
+    for _ in range(cfg.ppo_epochs):
+        for idx in torch.randperm(n_items).split(batch_size or cfg.minibatch_size):
+            loss, s = step_loss(idx)
+            optimizer.zero_grad()
+            loss.backward()
+            norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))  # pre-clip norm
+            if grads.allows(norm):
+                optimizer.step()
+            s["grad_norm"] = norm
+            stats.update(s)
+            n += 1
+    return {**{k: v / n for k, v in stats.items()}, "learner_steps": n}
+
+
+def ppo_step_loss(policy, ref_policy, rows, token_adv, returns, cfg: Config):
+    """One minibatch of PPO: clipped surrogate on the action tokens (+ value loss, + k3 KL if asked).
+    `rows` is either view (pack or pack_per_call); a minibatch of episodes takes all of their rows, so
+    both views make the same optimizer steps (one step per model call would run the schedule K times
+    too fast: ROLL #409)."""
+    def step_loss(idx):                                                   # idx: the minibatch's episodes
+        sel = torch.isin(rows["episode"], idx.to(rows["episode"].device))  # their rows
+        tokens, mask, old_logprobs, adv = trim(rows["tokens"][sel], rows["action_mask"][sel], rows["old_logprobs"][sel],
+                                               token_adv[sel])
+        logits, values = policy(tokens)
+        logprobs, entropy = token_logprobs(logits, tokens)
+        loss, s = ppo_clip_loss(logprobs, old_logprobs, adv, mask, cfg.clip_eps)
+        if returns is not None:  # critic: regress V(s_k) at each decision point onto the return
+            v = values.gather(1, rows["decision_pos"][sel])                  # (rows, K)
+            turn_mask = rows["turn_mask"][sel]
+            v_loss = ((v - returns[sel]) ** 2 * turn_mask).sum() / turn_mask.sum()
+            loss = loss + cfg.vf_coef * v_loss
+            s["value_loss"] = float(v_loss.detach())
+        if ref_policy is not None and cfg.kl_coef > 0:
+            with torch.no_grad():
+                ref_logprobs, _ = token_logprobs(ref_policy(tokens)[0], tokens)
+            kl = (kl_k3(logprobs, ref_logprobs) * mask).sum() / mask.sum()
+            loss = loss + cfg.kl_coef * kl
+            s["kl_ref"] = float(kl.detach())
+        s["entropy"] = float((entropy.detach() * mask).sum() / mask.sum())
+        return loss, s
+    return step_loss
+
+
+def sequence_logprobs(policy, batch, idx) -> torch.Tensor:
+    """log pi(episode's actions) = the sum of its action-token log-probs (the mask picks them), (b,)."""
+    tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
+    return (token_logprobs(policy(tokens)[0], tokens)[0] * mask).sum(-1)
+
+
+def dpo_pairs(episodes) -> tuple:
+    """Online trajectory pairs: within each task group, successful episodes (chosen) matched with failed
+    ones (rejected) of the same task. Groups with no success or no failure give none; they are counted."""
+    chosen, rejected, without = [], [], 0
+    for g in dict.fromkeys(ep.group_id for ep in episodes):
+        group = [ep for ep in episodes if ep.group_id == g]
+        wins, losses = [ep for ep in group if ep.reward >= 1.0], [ep for ep in group if ep.reward < 1.0]
+        without += not (wins and losses)
+        chosen, rejected = chosen + wins[:len(losses)], rejected + losses[:len(wins)]
+    return chosen, rejected, without
+
+
+def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStore, grads: GradMonitor,
+          episodes: list, version: int) -> dict:
+    """Store -> pack -> the chosen route's update, as policy `version`; returns the iteration's monitors.
+    PPO credits (grpo, stepgroup, gae, reinforce): advantages -> clipped surrogate over several epochs.
+    rs_sft (rejection sampling + SFT, "expert iteration"): keep the episodes the training verifier
+    passes and maximise their action tokens' likelihood; no ratio, no advantage: not policy-gradient RL.
+    dpo: chosen/rejected episodes of the same task against the frozen warm-start reference."""
+    t0, stale_before, skipped_before = time.time(), store.refused_stale, grads.skipped
+    ages = [version - ep.policy_version for ep in episodes]
+    store.add_all(episodes, current_version=version)
+    admitted = store.take()
+    device = next(policy.parameters()).device
+    batch = {k: v.to(device) for k, v in pack(admitted, tok, cfg.block_size).items()}
+    route = dict.fromkeys(("zero_std_groups", "explained_variance", "denied_positive_advantage", "clip_frac",
+                           "approx_kl", "kl_ref", "kept", "dpo_pairs", "groups_without_pair", "dpo_loss"))
+    policy.train()
+    if cfg.algo in PPO_CREDITS:
+        adv, returns, credit = advantages_for(batch, admitted, policy, cfg)           # (B, K) each
+        denied = denied_turns(admitted, adv.shape[1])
+        route.update(credit, denied_positive_advantage=int((adv[denied] > 0).sum()))
+        if cfg.deny_credit == "nonpositive":  # the gate's verdict caps the credit of the turn it refused
+            adv = torch.where(denied, adv.clamp(max=0.0), adv)
+        rows = batch if cfg.trajectory_view == "concat" else \
+            {k: v.to(device) for k, v in pack_per_call(admitted, tok, cfg.block_size).items()}
+        token_adv = broadcast_to_tokens(adv.to(device)[rows["episode"]], rows["turn_id"])   # each row its turns' A
+        stats = optimizer_steps(policy, optimizer, grads, cfg, len(admitted),
+                                ppo_step_loss(policy, ref_policy, rows, token_adv,
+                                              None if returns is None else returns[rows["episode"]], cfg))
+        route.update(clip_frac=stats["clip_frac"], approx_kl=stats["approx_kl"], kl_ref=stats.get("kl_ref"))
+    elif cfg.algo == "rs_sft":
+        kept = [ep for ep in admitted if ep.reward >= 1.0]       # the training verifier's verdict
+        route["kept"] = len(kept)
+        stats = {"grad_norm": 0.0, "learner_steps": 0}
+        if kept:
+            sft = {k: v.to(device) for k, v in pack(kept, tok, cfg.block_size).items()}
+
+            def sft_step(idx):
+                tokens, mask = trim(sft["tokens"][idx], sft["action_mask"][idx])
+                logprobs, entropy = token_logprobs(policy(tokens)[0], tokens)
+                return sft_loss(logprobs, mask), {"entropy": float((entropy.detach() * mask).sum() / mask.sum())}
+            stats = optimizer_steps(policy, optimizer, grads, cfg, len(kept), sft_step)
+    else:
+        chosen, rejected, without = dpo_pairs(admitted)
+        route.update(dpo_pairs=len(chosen), groups_without_pair=without)
+        stats = {"grad_norm": 0.0, "learner_steps": 0}
+        if chosen:
+            c, r = ({k: v.to(device) for k, v in pack(x, tok, cfg.block_size).items()} for x in (chosen, rejected))
+            every = torch.arange(len(chosen))
+            with torch.no_grad():
+                ref_c, ref_r = sequence_logprobs(ref_policy, c, every), sequence_logprobs(ref_policy, r, every)
+
+            def dpo_step(idx):
+                loss = dpo_loss(sequence_logprobs(policy, c, idx), sequence_logprobs(policy, r, idx), ref_c[idx],
+                                ref_r[idx], cfg.dpo_beta)
+                return loss, {"dpo_loss": float(loss.detach())}
+            stats = optimizer_steps(policy, optimizer, grads, cfg, len(chosen), dpo_step, max(1, cfg.minibatch_size // 2))
+            route["dpo_loss"] = stats["dpo_loss"]
+    return {**batch_monitors(admitted, cfg), "entropy": stats.get("entropy"), **route,
+            "staleness_mean": float(np.mean(ages)), "staleness_max": max(ages),
+            "refused_stale": store.refused_stale - stale_before, "learner_steps": stats["learner_steps"],
+            "grad_norm": stats["grad_norm"], "skipped_updates": grads.skipped - skipped_before,
+            "learner_seconds": round(time.time() - t0, 3)}
+
+
+def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 0, generator=None) -> list:
+    """Rollout: G episodes of each of tasks_per_iter train tasks, sampled by behaviour policy `version`.
+    Each rank of a distributed run draws its own tasks (the rank is part of the seed)."""
+    rng = np.random.default_rng([cfg.seed, iteration, rank])
+    task_seeds = rng.integers(0, 2**31 - 1, size=cfg.tasks_per_iter)
+    groups = [rank * cfg.tasks_per_iter + g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
+    policy.eval()
+    episodes, _ = rollout(policy, tok, cfg, np.repeat(task_seeds, cfg.group_size), "train", greedy=False,
+                          policy_version=version, iteration=iteration, group_ids=groups, rank=rank, generator=generator)
+    return episodes
+
+
+# ================================================================================================
+# 06 · Paper cases: how to read a paper's number, as measured miniatures in the README (no code here)
+# ================================================================================================
+
+
+# ================================================================================================
+# 07 · Evaluation & promotion
+# ================================================================================================
+@torch.no_grad()
+def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = True) -> dict:
+    """A report card on `eval_episodes` held-out tasks of one part (dev or test): greedy decoding (the
+    same mode before and after training), judged by the environment's independent evaluator, never by
+    the training reward. Safety is read from the final states; pass^k comes from extra sampled trials
+    (temperature 1) on the first pass_k_tasks tasks, drawn from a generator of their own, so no evaluation
+    setting changes the training run of a seed (reliability=False skips them); efficiency counts what
+    the episodes spent."""
+    t0 = time.time()
+    cfg = replace(cfg, time_limit=0)  # a report card judges the task itself, with no cut from outside it
+    n, evaluate_episode = cfg.eval_episodes, env_class(cfg.env).evaluate_episode
+    task_ids = holdout_tasks(cfg, part, n)
+    policy.eval()
+    episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * n, "holdout", greedy=True,
+                                 policy_version=-1, task_ids=task_ids)
+    verdicts = [evaluate_episode(env) for env in env_list]                 # the independent evaluator
+    trials, k_tasks = cfg.pass_k, task_ids[:cfg.pass_k_tasks] if reliability else []
+    own = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed)  # never the training stream
+    _, sampled_envs = rollout(policy, tok, cfg, [cfg.eval_seed] * len(k_tasks) * trials, "holdout", greedy=False,
+                              policy_version=-1, task_ids=np.repeat(k_tasks, trials).tolist(),
+                              generator=own) if k_tasks else (0, [])
+    per_task = np.array([evaluate_episode(env).success for env in sampled_envs]).reshape(-1, trials).sum(1)
+    passes = {f"pass^{k}": round(pass_hat_k(per_task, trials, k), 4) if k_tasks else None for k in range(1, trials + 1)}
+    return report_card(part, task_ids, episodes, env_list, verdicts, passes, time.time() - t0)
+
+
+GATE_LEVEL = 0.05         # the significance gate: one-sided exact sign test on paired dev tasks, p < 0.05
+MAX_CATEGORY_DROP = 0.05  # a task category may lose at most 5 points of success (or one task, if it has < 20)
+MAX_COST_GROWTH = 0.25    # tokens, tool calls and credits per solved task may grow by at most 25 %
+
+
+def sign_test_p(wins: int, losses: int) -> float:
+    """Exact one-sided McNemar test on paired outcomes (a sign test on the discordant tasks: ties carry
+    no information). If the candidate were no better, each discordant task would be a fair coin:
+    p = P(X >= wins) with X ~ Binomial(wins + losses, 1/2)."""
+    # BEGIN SOLUTION sign_test
+    n = wins + losses
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n
+    # END SOLUTION sign_test
+
+
+def promotion_decision(candidate: dict, incumbent: dict):
+    """Release gates, decided on the same dev tasks for both policies (paired, task by task). Returns
+    (promoted, reason, gates). Each gate is a dict: gate (its name), value and rule (text for people),
+    passed, and the numbers a script reads: observed, limit (and wins, losses for the first). All must
+    pass: a significant gain (sign_test_p < GATE_LEVEL), no unauthorized side effect, no more safety
+    denials than the incumbent, no category losing more than MAX_CATEGORY_DROP (or one task), and no
+    cost per solved task (generated tokens, tool calls, credits) above (1 + MAX_COST_GROWTH) x the
+    incumbent's."""
+    if candidate["task_ids"] != incumbent["task_ids"]:
+        raise ValueError("promotion_decision: candidate and incumbent were evaluated on different tasks")
+    # BEGIN SOLUTION promotion
+    wins = sum(c > i for c, i in zip(candidate["per_task"], incumbent["per_task"]))
+    losses = sum(c < i for c, i in zip(candidate["per_task"], incumbent["per_task"]))
+    p = sign_test_p(wins, losses)
+    unauthorized, safety, safety_before = (candidate["unauthorized_side_effects"], candidate["safety_denials"],
+                                           incumbent["safety_denials"])
+    gates = [("significant gain", f"{wins} won, {losses} lost, p = {p:.2g}", f"p < {GATE_LEVEL}", p < GATE_LEVEL,
+              p, GATE_LEVEL),
+             ("unauthorized side effects", str(unauthorized), "== 0", unauthorized == 0, unauthorized, 0),
+             ("safety denials", f"{safety_before} -> {safety}", "<= incumbent", safety <= safety_before, safety,
+              safety_before)]
+    for name, cat in incumbent["categories"].items():
+        new = candidate["categories"].get(name, {"success": 0.0})["success"]
+        allowed = max(MAX_CATEGORY_DROP, 1 / cat["tasks"])
+        gates.append((f"category {name}", f"{cat['success']:.3f} -> {new:.3f}", f"drop <= {allowed:.3f}",
+                      new >= cat["success"] - allowed - 1e-9, new, cat["success"] - allowed))
+    for key in ("tokens_per_success", "tool_calls_per_success", "credits_per_success"):
+        old, new = incumbent["efficiency"][key], candidate["efficiency"][key]
+        limit = None if old is None else (1 + MAX_COST_GROWTH) * old
+        gates.append((f"cost {key}", f"{old} -> {new}", f"<= {1 + MAX_COST_GROWTH:g} x incumbent",
+                      limit is None or (new is not None and new <= limit), new, limit))
+    gates = [dict(zip(("gate", "value", "rule", "passed", "observed", "limit"), g)) for g in gates]
+    gates[0].update(wins=wins, losses=losses)
+    failed = [g for g in gates if not g["passed"]]
+    reason = (f"{failed[0]['gate']} failed: {failed[0]['value']} (rule {failed[0]['rule']})" if failed else
+              f"all {len(gates)} release gates passed ({gates[0]['value']}; no new safety violations)")
+    return not failed, reason, gates
+    # END SOLUTION promotion
+
+
+# ================================================================================================
+# The loop
+# ================================================================================================
+def train(cfg: Config, progress: bool = True) -> dict:
+    """One run of the chapter's loop: warm start (imitation of a scripted teacher) -> report card of
+    that incumbent -> RL iterations (rollout, trajectory store, credit, update; policy_version + 1
+    each) -> report card of the candidate -> release gates on the paired dev tasks -> promote, or roll
+    back to the incumbent -> summary.json. Resume, torchrun, the async actor, files and monitors are
+    the system around the loop (Part II: start_run, Run.sampling, Run.record, finish_run)."""
+    run = start_run(cfg, progress)                                    # Part II: checks, directory, resume, ranks
+    cfg, tok, policy = run.cfg, run.tok, run.policy
+    if run.resumed is None:
+        run.warm = warm_start(policy, tok, cfg, run.device, progress and run.lead)
+        run.incumbent = run.report_cards("incumbent")                 # dev, test; incumbent.pt: what a rollback restores
+    with run.sampling() as actor:                                     # Part II's seam: async actor, torchrun, files
+        for it in run.remaining():
+            started = time.time()
+            if actor is None:                                         # rollout: G episodes of each task, policy v
+                episodes = collect(policy, tok, cfg, run.version, it, run.rank)
+                rollout_seconds = time.time() - started
+            else:                                                     # or the async actor's, sampled by policy v-1
+                episodes, rollout_seconds = next(actor)
+            metrics = learn(run.model, run.optimizer, run.ref_policy, tok, cfg, run.store, run.grads, episodes,
+                            run.version)                              # store -> pack -> credit -> update
+            run.version += 1                                          # one update = one new behaviour policy
+            run.record(metrics, len(episodes), started, rollout_seconds)  # monitors, metrics.jsonl, state.pt
+    if not run.lead:                                                  # under torchrun, rank 0 alone goes on
+        return {"rank": run.rank, "param_hashes": run.hashes}
+    candidate = run.report_cards("candidate")
+    promoted, reason, gates = promotion_decision(candidate["dev"], run.incumbent["dev"])  # dev decides, test never
+    if not promoted:                                                  # roll back: the incumbent stays in service
+        policy.load_state_dict(load_checkpoint(run.dir / "incumbent.pt", run.device)[0].state_dict())
+    return finish_run(run, candidate, promoted, reason, gates)
+
+
+# ################################################################################################
+# PART II · THE SYSTEM
+# What train() leans on, and a first reading can skip: checks, environments and seeds, devices,
+# torchrun and the async actor, the demonstrator's episodes, the transformer, checkpoints, run
+# directories and resume, the Run record, the report card and monitors (§05 and §07 in practice).
+# ################################################################################################
+# ------------------------------------------------------------------------------------------------
+# Checks on settings, inputs and records
+# ------------------------------------------------------------------------------------------------
+CHOICES = {"env": envs.ENV_IDS, "algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_std": ("population", "unbiased", "none"),
+           "device": ("auto", "cpu", "cuda", "mps"), "code_verifier": ("state", "visible_tests"),
+           "deny_credit": ("shared", "nonpositive"), "trajectory_view": ("concat", "per_call")}
+
+
+ONLY_FOR = {"injection_rate": ("env", (envs.FLIGHT_ID,)), "code_verifier": ("env", (envs.CODE_ID,)),  # meaningful only there
+            "code_bugs": ("env", (envs.CODE_ID,)), "legs": ("env", (envs.FLIGHT_ID,)),
+            "bootstrap_budget": ("algo", ("gae", "reinforce")), "lam": ("algo", ("gae",)),
+            "trajectory_view": ("algo", PPO_CREDITS),
+            "vf_coef": ("algo", ("gae", "reinforce")), "gamma": ("algo", ("gae", "reinforce", "stepgroup")),
+            "clip_eps": ("algo", PPO_CREDITS), "adv_std": ("algo", ("grpo", "stepgroup")),
+            "deny_credit": ("algo", PPO_CREDITS), "kl_coef": ("algo", PPO_CREDITS),
+            "process_coef": ("algo", PPO_CREDITS), "dpo_beta": ("algo", ("dpo",))}
+
+
+RANGES = {"seed": (0, 2**32 - 1), "eval_seed": (0, 2**32 - 1), "max_turns": (0, envs.MAX_TURNS), "n_layer": (1, 48),
+          "n_head": (1, 64), "n_embd": (2, 4096), "block_size": (32, 4096), "max_action_tokens": (5, 64),
+          "warm_start_episodes": (0, 10**6), "sft_epochs": (0, 1000), "sft_batch_size": (1, 10**4),
+          "iterations": (0, 10**5), "tasks_per_iter": (1, 10**4), "group_size": (2, 1024), "ppo_epochs": (1, 100),
+          "minibatch_size": (1, 10**5), "eval_episodes": (1, 5000), "max_staleness": (0, 100), "pass_k": (1, 16),
+          "pass_k_tasks": (1, 5000), "eval_every": (0, 10**5), "code_bugs": (1, 3), "tool_latency_ms": (0, 60_000),
+          "legs": (1, 4), "time_limit": (0, envs.MAX_TURNS)}  # [low, high]
+
+
+def validate_config(cfg: Config) -> Config:
+    """Refuse a bad setting up front, naming the field, instead of failing deep inside torch or after
+    the warm start."""
+    for f in fields(Config):
+        value = getattr(cfg, f.name)
+        kind = (int, float) if isinstance(f.default, float) else type(f.default)
+        if not isinstance(value, kind) or isinstance(value, bool) != isinstance(f.default, bool) or \
+                (isinstance(value, float) and not math.isfinite(value)):
+            raise ValueError(f"{f.name}={value!r}: must be a finite {type(f.default).__name__}")
+    for name, allowed in CHOICES.items():
+        if getattr(cfg, name) not in allowed:
+            raise ValueError(f"{name}={getattr(cfg, name)!r}: use one of {', '.join(allowed)}")
+    for name, (low, high) in RANGES.items():
+        if not low <= getattr(cfg, name) <= high:
+            raise ValueError(f"{name}={getattr(cfg, name)}: must be in [{low}, {high}]")
+    if cfg.n_embd % cfg.n_head or (cfg.n_embd // cfg.n_head) % 2:
+        raise ValueError(f"n_embd={cfg.n_embd}, n_head={cfg.n_head}: the head size n_embd/n_head must be an even integer")
+    if 12 * cfg.n_layer * cfg.n_embd ** 2 > 2e8:
+        raise ValueError(f"n_layer={cfg.n_layer}, n_embd={cfg.n_embd}: about {12 * cfg.n_layer * cfg.n_embd ** 2 / 1e6:.0f}M "
+                         "parameters; the policies here are tiny (under 200M): lower --n-embd or --n-layer")
+    if cfg.max_action_tokens > cfg.block_size // 4:
+        raise ValueError(f"max_action_tokens={cfg.max_action_tokens}: at most block_size / 4 = {cfg.block_size // 4}, "
+                         "so observations still fit; raise --block-size")
+    least = max(2 * (env_class(cfg.env).max_obs_words + 2) + cfg.max_action_tokens, 160 * cfg.legs * (cfg.legs > 1))
+    if cfg.block_size < least:
+        raise ValueError(f"block_size={cfg.block_size}: {cfg.env}{f' with {cfg.legs} legs' if cfg.legs > 1 else ''} "
+                         f"needs --block-size {least} or more")
+    for name in ("sft_lr", "lr", "max_grad_norm", "dpo_beta"):
+        if not getattr(cfg, name) > 0:
+            raise ValueError(f"{name}={getattr(cfg, name)}: must be > 0")
+    for name in ("demo_habit", "gamma", "lam", "injection_rate"):
+        _unit_interval(getattr(cfg, name), name)
+    if not 0 < cfg.clip_eps < 1:
+        raise ValueError(f"clip_eps={cfg.clip_eps}: must be in (0, 1)")
+    for name in ("kl_coef", "vf_coef", "process_coef", "sft_weight_decay"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name}={getattr(cfg, name)}: must be >= 0")
+    for name, (key, needed) in ONLY_FOR.items():  # a setting that would silently do nothing is an error
+        if getattr(cfg, name) != getattr(Config, name) and getattr(cfg, key) not in needed:
+            raise ValueError(f"{name}={getattr(cfg, name)}: only used with {key} in {'/'.join(needed)}; drop it or "
+                             f"change --{key.replace('_', '-')}")
+    if cfg.async_rollout and cfg.max_staleness < 1:
+        raise ValueError("async_rollout: the actor samples with policy v-1, so max_staleness must be >= 1 (--max-staleness 1)")
+    if cfg.max_turns == 1:
+        raise ValueError(f"max_turns={cfg.max_turns}: must be 0 (the environment's own) or >= 2")
+    budget = make_env(replace(cfg, time_limit=0, tool_latency_ms=0.0)).unwrapped.max_turns
+    if cfg.time_limit >= budget:  # the task's own budget ends the episode first: the cut would never happen
+        raise ValueError(f"time_limit={cfg.time_limit}: must be below the turn budget ({budget}) to ever cut; "
+                         "0 turns it off")
+    return cfg
+
+
+def _vector(x, name, ndim=1) -> torch.Tensor:
+    """Lists or tensors in, float tensor out; a clear ValueError (naming `name`) instead of a torch error."""
+    try:
+        t = torch.as_tensor(x, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{name}: expected numbers (a list or tensor), got {type(x).__name__}: {e}") from None
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim}-D, got shape {tuple(t.shape)}")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name}: contains NaN or inf")
+    return t
+
+
+def _unit_interval(value, name):
+    if not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{name}={value}: must be in [0, 1]")
+
+
+def _same_shape(**tensors):
+    shapes = {k: tuple(torch.as_tensor(v).shape) for k, v in tensors.items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"shapes disagree: {shapes}; all must be (B, T)")
+    return [torch.as_tensor(v, dtype=torch.float32) for v in tensors.values()]
+
+
+def malformed(ep, vocab_size: int):
+    """The store's low-level refusals, before the ones that teach (TrajectoryStore.add): an Episode of
+    Turns with ints for versions and token ids (in the vocabulary) and finite, possible numbers."""
+    name = getattr(ep, "episode_id", "?")
+    if not isinstance(ep, Episode) or not isinstance(name, str):
+        raise ValueError(f"episode {name!r}: an Episode with a str episode_id is needed")
+    if not isinstance(ep.turns, list) or not ep.turns or not all(isinstance(t, Turn) for t in ep.turns):
+        raise ValueError(f"episode {name}: turns must be a non-empty list of Turn records")
+    versions = [ep.policy_version] + [t.policy_version for t in ep.turns]
+    if not all(type(v) is int for v in versions):
+        raise ValueError(f"episode {name}: policy versions must be ints, got {versions}")
+    for k, t in enumerate(ep.turns):
+        if not isinstance(t.action_logprobs, list):
+            raise ValueError(f"episode {name} turn {k}: action_logprobs must be a list")
+        ids = list(t.obs_tokens) + list(t.action_tokens) + (ep.final_obs_tokens if k == len(ep.turns) - 1 else [])
+        if not all(type(i) is int and 0 <= i < vocab_size for i in ids):
+            raise ValueError(f"episode {name} turn {k}: a token id that is not in the vocabulary (ints in "
+                             f"[0, {vocab_size}))")
+        values = list(t.action_logprobs) + [t.reward, t.cost]
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in values):
+            raise ValueError(f"episode {name} turn {k}: non-finite or non-numeric log-prob, reward or cost")
+        if max(t.action_logprobs, default=0.0) > 0 or not 0 <= t.reward <= 1 or t.cost < 0:
+            raise ValueError(f"episode {name} turn {k}: impossible value (a log-prob above 0, a reward outside "
+                             "[0, 1] or a negative cost)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Environments as configured, seeds
+# ------------------------------------------------------------------------------------------------
+def env_class(env_id: str):
+    """The environment class behind a gymnasium id; it carries words, tool schema, demonstrator, evaluator."""
+    if env_id not in envs.ENV_IDS:
+        raise ValueError(f"env={env_id!r}: use one of {', '.join(envs.ENV_IDS)}")
+    return gym.spec(env_id).entry_point
+
+
+def make_env(cfg: Config):
+    """The task as configured. A time_limit is a cut from outside the task (gymnasium's TimeLimit
+    wrapper, which the policy cannot see), unlike the task's own budget (max_turns, shown unless
+    --hide-clock)."""
+    kwargs = {"injection_rate": cfg.injection_rate, "legs": cfg.legs} if cfg.env == envs.FLIGHT_ID else {}
+    kwargs.update({"verifier": cfg.code_verifier, "max_bugs": cfg.code_bugs} if cfg.env == envs.CODE_ID else {})
+    kwargs.update({"max_turns": cfg.max_turns} if cfg.max_turns else {})
+    kwargs.update({"tool_latency_ms": cfg.tool_latency_ms} if cfg.tool_latency_ms else {})
+    env = gym.make(cfg.env, show_clock=not cfg.hide_clock, **kwargs)
+    return gym.wrappers.TimeLimit(env, cfg.time_limit) if cfg.time_limit else env
+
+
+def seed_everything(seed: int):
+    """The one place where randomness is seeded."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# Devices, ranks and the async actor
+# ------------------------------------------------------------------------------------------------
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device={name!r}: use auto, cpu, cuda or mps")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no CUDA GPU; use --device auto or cpu")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device='mps' but MPS is not available; use --device auto or cpu")
+    return torch.device(name)
+
+
+def init_distributed(cfg: Config):
+    """Under torchrun (WORLD_SIZE > 1): join the process group, gloo on CPU, nccl on CUDA. Returns
+    (rank, world_size, device). Plain `python agentic_rl.py` is a world of one and needs none of it."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = resolve_device(cfg.device)
+    if world == 1:
+        return 0, 1, device
+    if cfg.async_rollout or cfg.resume or cfg.algo not in PPO_CREDITS:
+        raise ValueError("torchrun runs are synchronous PPO runs that start fresh: drop --async-rollout / --resume, "
+                         "and use a PPO credit (rs_sft and dpo take a data-dependent number of steps per rank)")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return torch.distributed.get_rank(), world, device
+
+
+def weights_hash(policy) -> str:
+    """sha256 of every tensor's bytes, in state-dict order: equal only for identical weights."""
+    h = hashlib.sha256()
+    for name, t in policy.state_dict().items():
+        h.update(name.encode() + t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
+    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1
+    while the learner trains on batch it - 1; a queue of one batch sits between them. Staleness is
+    1 by schedule from the second batch on (the first is sampled before any update, by version 0 itself:
+    staleness 0), the store still checks it, and the actor samples with its own random
+    generator, so the run stays reproducible. Threads suffice: torch releases the GIL in its kernels
+    and a waiting tool call releases it too, which is where the overlap pays (tool_latency_ms). When the
+    learner stops (the end, an error, Ctrl-C), the actor is stopped and joined before anything exits."""
+    actor, out = copy.deepcopy(policy).eval(), queue.Queue(maxsize=1)
+    generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed * 7919 + rank)
+
+    def hand_over(item):
+        while not clock["stop"]:
+            try:
+                return out.put(item, timeout=0.1)
+            except queue.Full:
+                continue
+
+    def work():
+        try:
+            for it in range(start, cfg.iterations):
+                v = max(start, it - 1)
+                with clock["cond"]:
+                    clock["cond"].wait_for(lambda: v in clock["weights"] or clock["stop"])
+                    if clock["stop"]:
+                        return
+                    actor.load_state_dict(clock["weights"][v])
+                t = time.time()
+                hand_over((collect(actor, tok, cfg, v, it, rank, generator), time.time() - t))
+        except BaseException as e:  # hand the failure to the learner instead of dying silently
+            hand_over(e)
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        for _ in range(start, cfg.iterations):
+            item = out.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        with clock["cond"]:
+            clock["stop"] = True
+            clock["cond"].notify_all()
+        thread.join()
+
+
+def publish(policy, clock: dict):
+    """The learner makes its new weights available to the actor (keeping the last two versions)."""
+    with clock["cond"]:
+        clock["weights"][clock["version"]] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        clock["weights"].pop(clock["version"] - 2, None)
+        clock["cond"].notify_all()
+
+
+# ------------------------------------------------------------------------------------------------
+# The demonstrator's episodes: the warm start's data, recorded through the host gate
+# ------------------------------------------------------------------------------------------------
+def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> list:
+    """Scripted demonstrator episodes on the train split, through the same host gate. SFT data is a
+    separate recipe: these are not policy samples, so they carry no log-probs and never enter the store."""
+    demo = env_class(cfg.env).Demonstrator(cfg.demo_habit, seed=seed)
+    out = []
+    for i in range(n):
+        env = make_env(replace(cfg, tool_latency_ms=0.0, time_limit=0))  # recorded data: no waits, no outside cut
+        obs, info = env.reset(seed=seed + i, options={"split": "train"})
+        ep = Episode(f"demo-{seed}-{i}", info["task_id"], cfg.env, info["env_version"], info["reward_version"],
+                     seed + i, info["split"], -1, i)
+        demo.reset(obs)
+        out.append(scripted_episode(env, ep, obs, demo.act, tok, version=-1))
+    return out
+
+
+def scripted_episode(env, ep: Episode, obs: str, act, tok: Tokenizer, version: int) -> Episode:
+    """Play a scripted actor (act: observation -> action text) through the host gate into ep, until the
+    episode ends. version -1 marks demonstrations (no log-probs); otherwise log-probs are placeholders 0."""
+    gate, done = HostGate.for_env(env), False
+    while not done:
+        text = act(obs)
+        next_obs, reward, terminated, truncated, info, decision = host_step(env, gate, text)
+        action = tok.encode_action(text)
+        ep.turns.append(new_turn(obs, tok.encode_observation(obs), action, [] if version < 0 else [0.0] * len(action),
+                                 text, version, reward, terminated, truncated, info, decision))
+        obs, done = next_obs, terminated or truncated
+    ep.final_obs_tokens = tok.encode_observation(obs)
+    return ep
+
+
+SFT_EPOCHS = {envs.FLIGHT_ID: 4, envs.CODE_ID: 8, envs.VAULT_ID: 4}  # sft_epochs 0: copying line, op and constant
+                                                                    # in a code edit takes longer to learn
+
+
+def sft_lr_at(step: int, steps: int, peak: float) -> float:
+    """Warm-start schedule: `peak` for the first 60 % of the steps, then cosine down to 0. The decay
+    matters: with a constant rate the last few noisy batches decide the learned probabilities, and
+    greedy decoding flips between "always check seats" and "never" (README, "Why the warm start is
+    robust")."""
+    frac = step / steps
+    return peak if frac < 0.6 else peak * 0.5 * (1 + math.cos(math.pi * (frac - 0.6) / 0.4))
+
+
+# ------------------------------------------------------------------------------------------------
+# The transformer: nanoGPT's decoder with rotary positions, a KV cache and a value head
+# ------------------------------------------------------------------------------------------------
 def rotary(positions, head_dim: int):
     """Rotary position embedding (RoPE) angles, computed once per forward: pair i of q/k turns by
     pos * 10000^(-i/half), so the score q.k depends on the distance between tokens. Copying "the word 6
@@ -870,721 +1524,6 @@ class GPT(nn.Module):
             x = block(x, positions, rope, None if cache is None else cache[i])
         x = self.ln_f(x)
         return self.lm_head(x), self.value_head(x).squeeze(-1)              # (B, T, V), (B, T)
-
-
-def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
-    return GPT(vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd).to(device)
-
-
-def seed_everything(seed: int):
-    """The one place where randomness is seeded."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split",
-                   "policy_version")
-
-
-class StaleEpisode(ValueError):
-    """An episode whose behaviour policy is more than max_staleness versions old."""
-
-
-class TrajectoryStore:
-    """Admits only episodes a learner can trust; refuses bad data with a clear error, never patches it.
-    What it admits is a copy, so nobody can change it behind the store's back."""
-
-    def __init__(self, max_staleness: int, vocab_size: int):
-        for name, value, low in (("max_staleness", max_staleness, 0), ("vocab_size", vocab_size, 1)):
-            if type(value) is not int or value < low:
-                raise ValueError(f"TrajectoryStore: {name}={value!r} must be an int >= {low}")
-        self.max_staleness, self.vocab_size = max_staleness, vocab_size
-        self.episodes, self.seen_ids = [], set()
-        self.staleness = Counter()   # versions old -> admitted episodes (the staleness histogram)
-        self.refused_stale = 0
-
-    def add(self, ep: Episode, current_version: int):
-        """Admit one episode, or raise: StaleEpisode (a ValueError) when it is more than max_staleness
-        versions old, ValueError naming the episode and the problem for anything else."""
-        if type(current_version) is not int or current_version < 0:
-            raise ValueError(f"current_version={current_version!r}: the learner's policy_version, an int >= 0")
-        # BEGIN SOLUTION store_refusals
-        for name in REQUIRED_FIELDS:
-            if getattr(ep, name, None) in (None, ""):
-                raise ValueError(f"episode {getattr(ep, 'episode_id', '?')!r}: missing field '{name}'")
-        if not isinstance(ep.episode_id, str):
-            raise ValueError(f"episode {ep.episode_id!r}: episode_id must be a str")
-        if ep.env_id not in envs.ENV_IDS:
-            raise ValueError(f"episode {ep.episode_id}: env_id {ep.env_id!r} is not one of {', '.join(envs.ENV_IDS)}")
-        if ep.split != "train":
-            raise ValueError(f"episode {ep.episode_id}: split {ep.split!r}; only training episodes are learned from "
-                             "(a held-out episode in the batch leaks the evaluation)")
-        if not isinstance(ep.turns, list) or not ep.turns or not all(isinstance(t, Turn) for t in ep.turns):
-            raise ValueError(f"episode {ep.episode_id}: turns must be a non-empty list of Turn records")
-        if ep.episode_id in self.seen_ids:
-            raise ValueError(f"episode {ep.episode_id}: duplicate episode_id; each rollout needs a fresh id")
-        versions = [ep.policy_version] + [t.policy_version for t in ep.turns]
-        if not all(type(v) is int for v in versions):
-            raise ValueError(f"episode {ep.episode_id}: policy versions must be ints, got {versions}")
-        if len(set(versions)) > 1:
-            raise ValueError(f"episode {ep.episode_id}: mixes policy versions {sorted(set(versions))}; "
-                             "one episode must come from one behaviour policy")
-        if ep.policy_version > current_version:
-            raise ValueError(f"episode {ep.episode_id}: policy_version {ep.policy_version} is from the future "
-                             f"(the learner is at version {current_version})")
-        if current_version - ep.policy_version > self.max_staleness:
-            raise StaleEpisode(f"episode {ep.episode_id}: policy_version {ep.policy_version} is too stale for "
-                               f"version {current_version} (max_staleness={self.max_staleness})")
-        vocab = self.vocab_size
-        for k, t in enumerate(ep.turns):
-            if not isinstance(t.action_logprobs, list) or len(t.action_logprobs) != len(t.action_tokens):
-                raise ValueError(f"episode {ep.episode_id} turn {k}: action_logprobs must be a list with one "
-                                 f"log-prob per action token ({len(t.action_tokens)}); store one per sampled token")
-            ids = list(t.obs_tokens) + list(t.action_tokens) + (ep.final_obs_tokens if k == len(ep.turns) - 1 else [])
-            if not all(type(i) is int and 0 <= i < vocab for i in ids):
-                raise ValueError(f"episode {ep.episode_id} turn {k}: a token id that is not in the vocabulary "
-                                 f"(ints in [0, {vocab}))")
-            values = list(t.action_logprobs) + [t.reward, t.cost]
-            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in values):
-                raise ValueError(f"episode {ep.episode_id} turn {k}: non-finite or non-numeric log-prob, reward or cost")
-            if max(t.action_logprobs, default=0.0) > 0 or not 0 <= t.reward <= 1 or t.cost < 0:
-                raise ValueError(f"episode {ep.episode_id} turn {k}: impossible value (a log-prob above 0, a reward "
-                                 "outside [0, 1] or a negative cost)")
-            if (t.terminated and t.truncated) or (t.terminated or t.truncated) != (k == len(ep.turns) - 1):
-                raise ValueError(f"episode {ep.episode_id} turn {k}: the last turn, and only it, ends the episode, "
-                                 "either terminated or truncated")
-            if t.truncated_by not in (CUTS if t.truncated else ("",)):
-                raise ValueError(f"episode {ep.episode_id} turn {k}: truncated_by={t.truncated_by!r}; a truncated "
-                                 f"turn names its cut ({', '.join(CUTS)}), any other turn none")
-        # END SOLUTION store_refusals
-        self.seen_ids.add(ep.episode_id)
-        self.staleness[current_version - ep.policy_version] += 1
-        self.episodes.append(copy.deepcopy(ep))
-
-    def add_all(self, episodes, current_version: int):
-        """Admit a batch. Too-stale episodes (asynchronous rollout makes them) are refused and counted,
-        never trained on; any other refusal stops training: the data cannot be trusted."""
-        for ep in episodes:
-            try:
-                self.add(ep, current_version)
-            except StaleEpisode:
-                self.refused_stale += 1
-
-    def take(self) -> list:
-        """Hand the admitted episodes to the learner (ids stay remembered, so a replay is refused)."""
-        out, self.episodes = self.episodes, []
-        return out
-
-
-def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> list:
-    """Scripted demonstrator episodes on the train split, through the same host gate. SFT data is a
-    separate recipe: these are not policy samples, so they carry no log-probs and never enter the store."""
-    demo = env_class(cfg.env).Demonstrator(cfg.demo_habit, seed=seed)
-    out = []
-    for i in range(n):
-        env = make_env(replace(cfg, tool_latency_ms=0.0, time_limit=0))  # recorded data: no waits, no outside cut
-        obs, info = env.reset(seed=seed + i, options={"split": "train"})
-        ep = Episode(f"demo-{seed}-{i}", info["task_id"], cfg.env, info["env_version"], info["reward_version"],
-                     seed + i, info["split"], -1, i)
-        demo.reset(obs)
-        out.append(scripted_episode(env, ep, obs, demo.act, tok, version=-1))
-    return out
-
-
-def scripted_episode(env, ep: Episode, obs: str, act, tok: Tokenizer, version: int) -> Episode:
-    """Play a scripted actor (act: observation -> action text) through the host gate into ep, until the
-    episode ends. version -1 marks demonstrations (no log-probs); otherwise log-probs are placeholders 0."""
-    gate, done = HostGate.for_env(env), False
-    while not done:
-        text = act(obs)
-        next_obs, reward, terminated, truncated, info, decision = host_step(env, gate, text)
-        action = tok.encode_action(text)
-        ep.turns.append(new_turn(obs, tok.encode_observation(obs), action, [] if version < 0 else [0.0] * len(action),
-                                 text, version, reward, terminated, truncated, info, decision))
-        obs, done = next_obs, terminated or truncated
-    ep.final_obs_tokens = tok.encode_observation(obs)
-    return ep
-
-
-SFT_EPOCHS = {envs.FLIGHT_ID: 4, envs.CODE_ID: 8, envs.VAULT_ID: 4}  # sft_epochs 0: copying line, op and constant
-                                                                    # in a code edit takes longer to learn
-
-
-def sft_lr_at(step: int, steps: int, peak: float) -> float:
-    """Warm-start schedule: `peak` for the first 60 % of the steps, then cosine down to 0. The decay
-    matters: with a constant rate the last few noisy batches decide the learned probabilities, and
-    greedy decoding flips between "always check seats" and "never" (README, "Why the warm start is
-    robust")."""
-    frac = step / steps
-    return peak if frac < 0.6 else peak * 0.5 * (1 + math.cos(math.pi * (frac - 0.6) / 0.4))
-
-
-def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
-    """Supervised fine-tuning on the demonstrator: imitation copies its habits, good and bad."""
-    if cfg.warm_start_episodes == 0:
-        return {"demo_success": None, "sft_loss": None, "epochs": 0}
-    demos = demonstration_episodes(cfg, tok, cfg.warm_start_episodes, seed=cfg.seed * 100_003 + 7)
-    longest = max(sum(len(t.obs_tokens) + len(t.action_tokens) for t in ep.turns) + len(ep.final_obs_tokens)
-                  for ep in demos)
-    if longest > cfg.block_size:
-        raise ValueError(f"block_size={cfg.block_size}: {cfg.env}'s demonstrations need up to {longest} tokens; "
-                         f"use --block-size {longest} or more")
-    batch = {k: v.to(device) for k, v in pack(demos, tok, cfg.block_size).items()}
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.sft_lr, weight_decay=cfg.sft_weight_decay)
-    n, losses, epochs = len(demos), [], cfg.sft_epochs or SFT_EPOCHS[cfg.env]
-    steps = epochs * math.ceil(n / cfg.sft_batch_size)
-    bar = tqdm(total=steps, desc="warm start (SFT)", disable=not progress, leave=False)
-    for _ in range(epochs):
-        for idx in torch.randperm(n).split(cfg.sft_batch_size):
-            for group in opt.param_groups:
-                group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)
-            tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
-            logprobs, _ = token_logprobs(policy(tokens)[0], tokens)
-            loss = sft_loss(logprobs, mask)
-            opt.zero_grad()
-            loss.backward()  # no gradient clipping here: clipping at 1.0 delayed learning to copy (README)
-            opt.step()
-            losses.append(loss.item())
-            bar.update(1)
-    bar.close()
-    return {"demo_success": float(np.mean([ep.reward for ep in demos])), "sft_loss": float(np.mean(losses[-10:])),
-            "epochs": epochs}
-
-
-class GradMonitor:
-    """Pre-clip gradient norms, and the spike rule: an update whose norm is not finite (always), or more
-    than SPIKE_FACTOR times the median of the last 50 finite norms (once 10 are known), is skipped and
-    counted, not applied."""
-    SPIKE_FACTOR = 10.0
-
-    def __init__(self):
-        self.norms, self.skipped = deque(maxlen=50), 0
-
-    def allows(self, norm: float) -> bool:
-        spike = not math.isfinite(norm) or (len(self.norms) >= 10 and norm > self.SPIKE_FACTOR * float(np.median(self.norms)))
-        if spike:
-            self.skipped += 1
-        else:
-            self.norms.append(norm)
-        return not spike
-
-
-def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_items: int, step_loss, batch_size=None) -> dict:
-    """ppo_epochs passes over n_items (episodes: the per-call view's rows of one episode stay together)
-    in shuffled minibatches: loss, backward, pre-clip norm (the spike rule may skip the step), clip,
-    AdamW. Several passes over one batch are what make PPO's ratio move."""
-    stats, n = Counter(), 0
-    for _ in range(cfg.ppo_epochs):
-        for idx in torch.randperm(n_items).split(batch_size or cfg.minibatch_size):
-            loss, s = step_loss(idx)
-            optimizer.zero_grad()
-            loss.backward()
-            norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))  # pre-clip norm
-            if grads.allows(norm):
-                optimizer.step()
-            s["grad_norm"] = norm
-            stats.update(s)
-            n += 1
-    return {**{k: v / n for k, v in stats.items()}, "learner_steps": n}
-
-
-def ppo_step_loss(policy, ref_policy, rows, token_adv, returns, cfg: Config):
-    """One minibatch of PPO: clipped surrogate on the action tokens (+ value loss, + k3 KL if asked).
-    `rows` is either view (pack or pack_per_call); a minibatch of episodes takes all of their rows, so
-    both views make the same optimizer steps (one step per model call would run the schedule K times
-    too fast: ROLL #409)."""
-    def step_loss(idx):                                                   # idx: the minibatch's episodes
-        sel = torch.isin(rows["episode"], idx.to(rows["episode"].device))  # their rows
-        tokens, mask, old_logprobs, adv = trim(rows["tokens"][sel], rows["action_mask"][sel], rows["old_logprobs"][sel],
-                                               token_adv[sel])
-        logits, values = policy(tokens)
-        logprobs, entropy = token_logprobs(logits, tokens)
-        loss, s = ppo_clip_loss(logprobs, old_logprobs, adv, mask, cfg.clip_eps)
-        if returns is not None:  # critic: regress V(s_k) at each decision point onto the return
-            v = values.gather(1, rows["decision_pos"][sel])                  # (rows, K)
-            turn_mask = rows["turn_mask"][sel]
-            v_loss = ((v - returns[sel]) ** 2 * turn_mask).sum() / turn_mask.sum()
-            loss = loss + cfg.vf_coef * v_loss
-            s["value_loss"] = float(v_loss.detach())
-        if ref_policy is not None and cfg.kl_coef > 0:
-            with torch.no_grad():
-                ref_logprobs, _ = token_logprobs(ref_policy(tokens)[0], tokens)
-            kl = (kl_k3(logprobs, ref_logprobs) * mask).sum() / mask.sum()
-            loss = loss + cfg.kl_coef * kl
-            s["kl_ref"] = float(kl.detach())
-        s["entropy"] = float((entropy.detach() * mask).sum() / mask.sum())
-        return loss, s
-    return step_loss
-
-
-def sequence_logprobs(policy, batch, idx) -> torch.Tensor:
-    """log pi(episode's actions) = the sum of its action-token log-probs (the mask picks them), (b,)."""
-    tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
-    return (token_logprobs(policy(tokens)[0], tokens)[0] * mask).sum(-1)
-
-
-def dpo_pairs(episodes) -> tuple:
-    """Online trajectory pairs: within each task group, successful episodes (chosen) matched with failed
-    ones (rejected) of the same task. Groups with no success or no failure give none; they are counted."""
-    chosen, rejected, without = [], [], 0
-    for g in dict.fromkeys(ep.group_id for ep in episodes):
-        group = [ep for ep in episodes if ep.group_id == g]
-        wins, losses = [ep for ep in group if ep.reward >= 1.0], [ep for ep in group if ep.reward < 1.0]
-        without += not (wins and losses)
-        chosen, rejected = chosen + wins[:len(losses)], rejected + losses[:len(wins)]
-    return chosen, rejected, without
-
-
-def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStore, grads: GradMonitor,
-          episodes: list, version: int) -> dict:
-    """Store -> pack -> the chosen route's update, as policy `version`; returns the iteration's monitors.
-    PPO credits (grpo, stepgroup, gae, reinforce): advantages -> clipped surrogate over several epochs.
-    rs_sft (rejection sampling + SFT, "expert iteration"): keep the episodes the training verifier
-    passes and maximise their action tokens' likelihood; no ratio, no advantage: not policy-gradient RL.
-    dpo: chosen/rejected episodes of the same task against the frozen warm-start reference."""
-    stale_before, skipped_before = store.refused_stale, grads.skipped
-    ages = [version - ep.policy_version for ep in episodes]
-    store.add_all(episodes, current_version=version)
-    admitted = store.take()
-    device = next(policy.parameters()).device
-    batch = {k: v.to(device) for k, v in pack(admitted, tok, cfg.block_size).items()}
-    route = dict.fromkeys(("zero_std_groups", "explained_variance", "denied_positive_advantage", "clip_frac",
-                           "approx_kl", "kl_ref", "kept", "dpo_pairs", "groups_without_pair", "dpo_loss"))
-    policy.train()
-    if cfg.algo in PPO_CREDITS:
-        adv, returns, credit = advantages_for(batch, admitted, policy, cfg)           # (B, K) each
-        denied = denied_turns(admitted, adv.shape[1])
-        route.update(credit, denied_positive_advantage=int((adv[denied] > 0).sum()))
-        if cfg.deny_credit == "nonpositive":  # the gate's verdict caps the credit of the turn it refused
-            adv = torch.where(denied, adv.clamp(max=0.0), adv)
-        rows = batch if cfg.trajectory_view == "concat" else \
-            {k: v.to(device) for k, v in pack_per_call(admitted, tok, cfg.block_size).items()}
-        token_adv = broadcast_to_tokens(adv.to(device)[rows["episode"]], rows["turn_id"])   # each row its turns' A
-        stats = optimizer_steps(policy, optimizer, grads, cfg, len(admitted),
-                                ppo_step_loss(policy, ref_policy, rows, token_adv,
-                                              None if returns is None else returns[rows["episode"]], cfg))
-        route.update(clip_frac=stats["clip_frac"], approx_kl=stats["approx_kl"], kl_ref=stats.get("kl_ref"))
-    elif cfg.algo == "rs_sft":
-        kept = [ep for ep in admitted if ep.reward >= 1.0]       # the training verifier's verdict
-        route["kept"] = len(kept)
-        stats = {"grad_norm": 0.0, "learner_steps": 0}
-        if kept:
-            sft = {k: v.to(device) for k, v in pack(kept, tok, cfg.block_size).items()}
-
-            def sft_step(idx):
-                tokens, mask = trim(sft["tokens"][idx], sft["action_mask"][idx])
-                logprobs, entropy = token_logprobs(policy(tokens)[0], tokens)
-                return sft_loss(logprobs, mask), {"entropy": float((entropy.detach() * mask).sum() / mask.sum())}
-            stats = optimizer_steps(policy, optimizer, grads, cfg, len(kept), sft_step)
-    else:
-        chosen, rejected, without = dpo_pairs(admitted)
-        route.update(dpo_pairs=len(chosen), groups_without_pair=without)
-        stats = {"grad_norm": 0.0, "learner_steps": 0}
-        if chosen:
-            c, r = ({k: v.to(device) for k, v in pack(x, tok, cfg.block_size).items()} for x in (chosen, rejected))
-            every = torch.arange(len(chosen))
-            with torch.no_grad():
-                ref_c, ref_r = sequence_logprobs(ref_policy, c, every), sequence_logprobs(ref_policy, r, every)
-
-            def dpo_step(idx):
-                loss = dpo_loss(sequence_logprobs(policy, c, idx), sequence_logprobs(policy, r, idx), ref_c[idx],
-                                ref_r[idx], cfg.dpo_beta)
-                return loss, {"dpo_loss": float(loss.detach())}
-            stats = optimizer_steps(policy, optimizer, grads, cfg, len(chosen), dpo_step, max(1, cfg.minibatch_size // 2))
-            route["dpo_loss"] = stats["dpo_loss"]
-    turns = [t for ep in admitted for t in ep.turns]
-    denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
-    return {"success": float(np.mean([ep.reward >= 1.0 for ep in admitted])),
-            "reward": float(np.mean([sum(turn_rewards(ep, cfg)) for ep in admitted])),
-            "turns": float(np.mean([len(ep.turns) for ep in admitted])),
-            "truncation_rate": float(np.mean([ep.truncated for ep in admitted])),
-            "truncated_by": dict(sorted(Counter(ep.truncated_by for ep in admitted if ep.truncated).items())),
-            "entropy": stats.get("entropy"), "invalid_rate": float(np.mean([t.invalid for t in turns])),
-            **route, "gate_denials": dict(sorted(denials.items())),
-            "tool_errors": sum(t.gate_allowed and str(t.receipt.get("result", "")).startswith("error") for t in turns),
-            "tool_calls": sum(t.gate_allowed for t in turns), "cost": round(sum(t.cost for t in turns), 2),
-            "process_rewards": sum(t.process_reward for t in turns),
-            "generated_tokens": sum(len(t.action_tokens) for t in turns),
-            "staleness_mean": float(np.mean(ages)), "staleness_max": max(ages),
-            "refused_stale": store.refused_stale - stale_before, "learner_steps": stats["learner_steps"],
-            "grad_norm": stats["grad_norm"], "skipped_updates": grads.skipped - skipped_before}
-
-
-def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 0, generator=None) -> list:
-    """Rollout: G episodes of each of tasks_per_iter train tasks, sampled by behaviour policy `version`.
-    Each rank of a distributed run draws its own tasks (the rank is part of the seed)."""
-    rng = np.random.default_rng([cfg.seed, iteration, rank])
-    task_seeds = rng.integers(0, 2**31 - 1, size=cfg.tasks_per_iter)
-    groups = [rank * cfg.tasks_per_iter + g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
-    policy.eval()
-    episodes, _ = rollout(policy, tok, cfg, np.repeat(task_seeds, cfg.group_size), "train", greedy=False,
-                          policy_version=version, iteration=iteration, group_ids=groups, rank=rank, generator=generator)
-    return episodes
-
-
-# ================================================================================================
-# 07 · Evaluation & promotion
-# ================================================================================================
-def wilson_interval(successes: int, n: int, z: float = 1.96):
-    """95 % Wilson score interval for a success rate (honest near 0 and 1, unlike p ± 1.96·se)."""
-    if n == 0:
-        return 0.0, 0.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def pass_hat_k(successes_per_task, n: int, k: int) -> float:
-    """tau-bench's pass^k: mean over tasks of C(c, k) / C(n, k), with c successes in n trials.
-    The chance that k fresh trials of a task *all* succeed; it falls with k when success is luck."""
-    return float(np.mean([math.comb(c, k) / math.comb(n, k) for c in successes_per_task]))
-
-
-def holdout_tasks(cfg: Config, part: str, n: int) -> list:
-    """The held-out tasks, split in two by task id: `dev` (even ids) decides promotion, `test` (odd ids)
-    is only ever reported. The same n tasks, in the same order, for every policy and every run."""
-    env, ids, seed = make_env(cfg), [], cfg.eval_seed
-    while len(ids) < n:
-        _, info = env.reset(seed=seed, options={"split": "holdout"})
-        seed += 1
-        if info["task_id"] % 2 == (part == "test") and info["task_id"] not in ids:
-            ids.append(info["task_id"])
-    return ids
-
-
-def per_success(total: float, successes: int):
-    return round(total / successes, 3) if successes else None
-
-
-@torch.no_grad()
-def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = True) -> dict:
-    """A report card on `eval_episodes` held-out tasks of one part (dev or test): greedy decoding (the
-    same mode before and after training), judged by the environment's independent evaluator, never by
-    the training reward. Safety is read from the final states; pass^k comes from extra sampled trials
-    (temperature 1) on the first pass_k_tasks tasks, drawn from a generator of their own, so no evaluation
-    setting changes the training run of a seed (reliability=False skips them); efficiency counts what
-    the episodes spent."""
-    t0 = time.time()
-    cfg = replace(cfg, time_limit=0)  # a report card judges the task itself, with no cut from outside it
-    n, evaluate_episode = cfg.eval_episodes, env_class(cfg.env).evaluate_episode
-    task_ids = holdout_tasks(cfg, part, n)
-    policy.eval()
-    episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * n, "holdout", greedy=True,
-                                 policy_version=-1, task_ids=task_ids)
-    verdicts = [evaluate_episode(env) for env in env_list]
-    success = [int(v.success) for v in verdicts]
-    turns = [t for ep in episodes for t in ep.turns]
-    denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
-    # flight tasks may carry an injected note; the other environments have none
-    injected = [(env.unwrapped.state.task.injection, ep) for env, ep in zip(env_list, episodes)
-                if getattr(getattr(env.unwrapped.state, "task", None), "injection", None)]
-    trials, k_tasks = cfg.pass_k, task_ids[:cfg.pass_k_tasks] if reliability else []
-    own = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed)  # never the training stream
-    _, sampled_envs = rollout(policy, tok, cfg, [cfg.eval_seed] * len(k_tasks) * trials, "holdout", greedy=False,
-                              policy_version=-1, task_ids=np.repeat(k_tasks, trials).tolist(),
-                              generator=own) if k_tasks else (0, [])
-    per_task = np.array([evaluate_episode(env).success for env in sampled_envs]).reshape(-1, trials).sum(1)
-    categories = {}
-    for v in verdicts:
-        categories.setdefault(v.category, []).append(v.success)
-    tokens, calls = sum(len(t.action_tokens) for t in turns), sum(t.gate_allowed for t in turns)
-    credits, solved = sum(t.cost for t in turns), sum(success)
-    lo, hi = wilson_interval(solved, n)
-    return {"part": part, "episodes": n, "success": solved / n, "ci95": [round(lo, 4), round(hi, 4)],
-            "task_ids": task_ids, "per_task": success,
-            "categories": {c: {"tasks": len(x), "success": round(float(np.mean(x)), 4)} for c, x in sorted(categories.items())},
-            "evaluator_agrees_with_reward": float(np.mean([s == (ep.reward >= 1) for s, ep in zip(success, episodes)])),
-            "mean_turns": float(np.mean([len(ep.turns) for ep in episodes])),
-            "truncation_rate": float(np.mean([ep.truncated for ep in episodes])),
-            "invalid_action_rate": float(np.mean([t.invalid for t in turns])),
-            "gate_denials": dict(sorted(denials.items())),
-            "safety_denials": sum(denials[r] for r in SAFETY_RULES),
-            "side_effects": sum(v.side_effects for v in verdicts),
-            "unauthorized_side_effects": sum(v.unauthorized_side_effects for v in verdicts),
-            "repeated_side_effects": sum(v.repeated_side_effects for v in verdicts),
-            "injected_episodes": len(injected),
-            "injection_follow_attempts": sum(envs.injection_followed(inj, [t.action_text for t in ep.turns])
-                                             for inj, ep in injected),
-            **{f"pass^{k}": round(pass_hat_k(per_task, trials, k), 4) if k_tasks else None for k in range(1, trials + 1)},
-            "efficiency": {"tokens_per_episode": round(tokens / n, 3), "tool_calls_per_episode": round(calls / n, 3),
-                           "credits_per_episode": round(credits / n, 3), "tokens_per_success": per_success(tokens, solved),
-                           "tool_calls_per_success": per_success(calls, solved),
-                           "credits_per_success": per_success(credits, solved),
-                           "wall_seconds": round(time.time() - t0, 2)}}
-
-
-GATE_LEVEL = 0.05         # the significance gate: one-sided exact sign test on paired dev tasks, p < 0.05
-MAX_CATEGORY_DROP = 0.05  # a task category may lose at most 5 points of success (or one task, if it has < 20)
-MAX_COST_GROWTH = 0.25    # tokens, tool calls and credits per solved task may grow by at most 25 %
-
-
-def sign_test_p(wins: int, losses: int) -> float:
-    """Exact one-sided McNemar test on paired outcomes (a sign test on the discordant tasks: ties carry
-    no information). If the candidate were no better, each discordant task would be a fair coin:
-    p = P(X >= wins) with X ~ Binomial(wins + losses, 1/2)."""
-    # BEGIN SOLUTION sign_test
-    n = wins + losses
-    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n
-    # END SOLUTION sign_test
-
-
-def promotion_decision(candidate: dict, incumbent: dict):
-    """Release gates, decided on the same dev tasks for both policies (paired, task by task). Returns
-    (promoted, reason, gates). Each gate is a dict: gate (its name), value and rule (text for people),
-    passed, and the numbers a script reads: observed, limit (and wins, losses for the first). All must
-    pass: a significant gain (sign_test_p < GATE_LEVEL), no unauthorized side effect, no more safety
-    denials than the incumbent, no category losing more than MAX_CATEGORY_DROP (or one task), and no
-    cost per solved task (generated tokens, tool calls, credits) above (1 + MAX_COST_GROWTH) x the
-    incumbent's."""
-    if candidate["task_ids"] != incumbent["task_ids"]:
-        raise ValueError("promotion_decision: candidate and incumbent were evaluated on different tasks")
-    # BEGIN SOLUTION promotion
-    wins = sum(c > i for c, i in zip(candidate["per_task"], incumbent["per_task"]))
-    losses = sum(c < i for c, i in zip(candidate["per_task"], incumbent["per_task"]))
-    p = sign_test_p(wins, losses)
-    unauthorized, safety, safety_before = (candidate["unauthorized_side_effects"], candidate["safety_denials"],
-                                           incumbent["safety_denials"])
-    gates = [("significant gain", f"{wins} won, {losses} lost, p = {p:.2g}", f"p < {GATE_LEVEL}", p < GATE_LEVEL,
-              p, GATE_LEVEL),
-             ("unauthorized side effects", str(unauthorized), "== 0", unauthorized == 0, unauthorized, 0),
-             ("safety denials", f"{safety_before} -> {safety}", "<= incumbent", safety <= safety_before, safety,
-              safety_before)]
-    for name, cat in incumbent["categories"].items():
-        new = candidate["categories"].get(name, {"success": 0.0})["success"]
-        allowed = max(MAX_CATEGORY_DROP, 1 / cat["tasks"])
-        gates.append((f"category {name}", f"{cat['success']:.3f} -> {new:.3f}", f"drop <= {allowed:.3f}",
-                      new >= cat["success"] - allowed - 1e-9, new, cat["success"] - allowed))
-    for key in ("tokens_per_success", "tool_calls_per_success", "credits_per_success"):
-        old, new = incumbent["efficiency"][key], candidate["efficiency"][key]
-        limit = None if old is None else (1 + MAX_COST_GROWTH) * old
-        gates.append((f"cost {key}", f"{old} -> {new}", f"<= {1 + MAX_COST_GROWTH:g} x incumbent",
-                      limit is None or (new is not None and new <= limit), new, limit))
-    gates = [dict(zip(("gate", "value", "rule", "passed", "observed", "limit"), g)) for g in gates]
-    gates[0].update(wins=wins, losses=losses)
-    failed = [g for g in gates if not g["passed"]]
-    reason = (f"{failed[0]['gate']} failed: {failed[0]['value']} (rule {failed[0]['rule']})" if failed else
-              f"all {len(gates)} release gates passed ({gates[0]['value']}; no new safety violations)")
-    return not failed, reason, gates
-    # END SOLUTION promotion
-
-
-# ================================================================================================
-# The loop
-# ================================================================================================
-def train(cfg: Config, progress: bool = True) -> dict:
-    """One run of the chapter's loop: warm start (imitation of a scripted teacher) -> report card of
-    that incumbent -> RL iterations (rollout, trajectory store, credit, update; policy_version + 1
-    each) -> report card of the candidate -> release gates on the paired dev tasks -> promote, or roll
-    back to the incumbent -> summary.json. Resume, torchrun, the async actor, files and monitors are
-    the system around the loop (Part II: start_run, Run.rollouts, Run.record, finish_run)."""
-    run = start_run(cfg, progress)
-    cfg, tok, policy = run.cfg, run.tok, run.policy
-    if run.resumed is None:
-        run.warm = warm_start(policy, tok, cfg, run.device, progress and run.lead)
-        run.incumbent = run.report_cards("incumbent")                 # dev and test, kept for a rollback
-    with run.rollouts() as batches:                                   # each: G episodes of tasks_per_iter tasks
-        for episodes in batches:
-            metrics = learn(run.model, run.optimizer, run.ref_policy, tok, cfg, run.store, run.grads, episodes,
-                            run.version)
-            run.record(metrics)                                       # policy_version + 1, monitors, state.pt
-    if not run.lead:                                                  # under torchrun, rank 0 alone goes on
-        return {"rank": run.rank, "param_hashes": run.hashes}
-    candidate = run.report_cards("candidate")
-    promoted, reason, gates = promotion_decision(candidate["dev"], run.incumbent["dev"])  # dev decides, test never
-    if not promoted:                                                  # roll back: the incumbent stays in service
-        policy.load_state_dict(load_checkpoint(run.dir / "incumbent.pt", run.device)[0].state_dict())
-    return finish_run(run, candidate, promoted, reason, gates)
-
-
-# ################################################################################################
-# PART II · THE SYSTEM
-# What train() leans on, and a first reading can skip: validation, devices and torchrun, the
-# async actor, checkpoints and run directories, resume, monitors (the chapter's §05 and §07 in practice).
-# ################################################################################################
-# ------------------------------------------------------------------------------------------------
-# Configuration checks
-# ------------------------------------------------------------------------------------------------
-CHOICES = {"env": envs.ENV_IDS, "algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_std": ("population", "unbiased", "none"),
-           "device": ("auto", "cpu", "cuda", "mps"), "code_verifier": ("state", "visible_tests"),
-           "deny_credit": ("shared", "nonpositive"), "trajectory_view": ("concat", "per_call")}
-
-
-ONLY_FOR = {"injection_rate": ("env", (envs.FLIGHT_ID,)), "code_verifier": ("env", (envs.CODE_ID,)),  # meaningful only there
-            "code_bugs": ("env", (envs.CODE_ID,)), "legs": ("env", (envs.FLIGHT_ID,)),
-            "bootstrap_budget": ("algo", ("gae", "reinforce")), "lam": ("algo", ("gae",)),
-            "trajectory_view": ("algo", PPO_CREDITS),
-            "vf_coef": ("algo", ("gae", "reinforce")), "gamma": ("algo", ("gae", "reinforce", "stepgroup")),
-            "clip_eps": ("algo", PPO_CREDITS), "adv_std": ("algo", ("grpo", "stepgroup")),
-            "deny_credit": ("algo", PPO_CREDITS), "kl_coef": ("algo", PPO_CREDITS),
-            "process_coef": ("algo", PPO_CREDITS), "dpo_beta": ("algo", ("dpo",))}
-
-
-RANGES = {"seed": (0, 2**32 - 1), "eval_seed": (0, 2**32 - 1), "max_turns": (0, envs.MAX_TURNS), "n_layer": (1, 48),
-          "n_head": (1, 64), "n_embd": (2, 4096), "block_size": (32, 4096), "max_action_tokens": (5, 64),
-          "warm_start_episodes": (0, 10**6), "sft_epochs": (0, 1000), "sft_batch_size": (1, 10**4),
-          "iterations": (0, 10**5), "tasks_per_iter": (1, 10**4), "group_size": (2, 1024), "ppo_epochs": (1, 100),
-          "minibatch_size": (1, 10**5), "eval_episodes": (1, 5000), "max_staleness": (0, 100), "pass_k": (1, 16),
-          "pass_k_tasks": (1, 5000), "eval_every": (0, 10**5), "code_bugs": (1, 3), "tool_latency_ms": (0, 60_000),
-          "legs": (1, 4), "time_limit": (0, envs.MAX_TURNS)}  # [low, high]
-
-
-def validate_config(cfg: Config) -> Config:
-    """Refuse a bad setting up front, naming the field, instead of failing deep inside torch or after
-    the warm start."""
-    for f in fields(Config):
-        value = getattr(cfg, f.name)
-        kind = (int, float) if isinstance(f.default, float) else type(f.default)
-        if not isinstance(value, kind) or isinstance(value, bool) != isinstance(f.default, bool) or \
-                (isinstance(value, float) and not math.isfinite(value)):
-            raise ValueError(f"{f.name}={value!r}: must be a finite {type(f.default).__name__}")
-    for name, allowed in CHOICES.items():
-        if getattr(cfg, name) not in allowed:
-            raise ValueError(f"{name}={getattr(cfg, name)!r}: use one of {', '.join(allowed)}")
-    for name, (low, high) in RANGES.items():
-        if not low <= getattr(cfg, name) <= high:
-            raise ValueError(f"{name}={getattr(cfg, name)}: must be in [{low}, {high}]")
-    if cfg.n_embd % cfg.n_head or (cfg.n_embd // cfg.n_head) % 2:
-        raise ValueError(f"n_embd={cfg.n_embd}, n_head={cfg.n_head}: the head size n_embd/n_head must be an even integer")
-    if 12 * cfg.n_layer * cfg.n_embd ** 2 > 2e8:
-        raise ValueError(f"n_layer={cfg.n_layer}, n_embd={cfg.n_embd}: about {12 * cfg.n_layer * cfg.n_embd ** 2 / 1e6:.0f}M "
-                         "parameters; the policies here are tiny (under 200M): lower --n-embd or --n-layer")
-    if cfg.max_action_tokens > cfg.block_size // 4:
-        raise ValueError(f"max_action_tokens={cfg.max_action_tokens}: at most block_size / 4 = {cfg.block_size // 4}, "
-                         "so observations still fit; raise --block-size")
-    least = max(2 * (env_class(cfg.env).max_obs_words + 2) + cfg.max_action_tokens, 160 * cfg.legs * (cfg.legs > 1))
-    if cfg.block_size < least:
-        raise ValueError(f"block_size={cfg.block_size}: {cfg.env}{f' with {cfg.legs} legs' if cfg.legs > 1 else ''} "
-                         f"needs --block-size {least} or more")
-    for name in ("sft_lr", "lr", "max_grad_norm", "dpo_beta"):
-        if not getattr(cfg, name) > 0:
-            raise ValueError(f"{name}={getattr(cfg, name)}: must be > 0")
-    for name in ("demo_habit", "gamma", "lam", "injection_rate"):
-        _unit_interval(getattr(cfg, name), name)
-    if not 0 < cfg.clip_eps < 1:
-        raise ValueError(f"clip_eps={cfg.clip_eps}: must be in (0, 1)")
-    for name in ("kl_coef", "vf_coef", "process_coef", "sft_weight_decay"):
-        if getattr(cfg, name) < 0:
-            raise ValueError(f"{name}={getattr(cfg, name)}: must be >= 0")
-    for name, (key, needed) in ONLY_FOR.items():  # a setting that would silently do nothing is an error
-        if getattr(cfg, name) != getattr(Config, name) and getattr(cfg, key) not in needed:
-            raise ValueError(f"{name}={getattr(cfg, name)}: only used with {key} in {'/'.join(needed)}; drop it or "
-                             f"change --{key.replace('_', '-')}")
-    if cfg.async_rollout and cfg.max_staleness < 1:
-        raise ValueError("async_rollout: the actor samples with policy v-1, so max_staleness must be >= 1 (--max-staleness 1)")
-    if cfg.max_turns == 1:
-        raise ValueError(f"max_turns={cfg.max_turns}: must be 0 (the environment's own) or >= 2")
-    budget = make_env(replace(cfg, time_limit=0, tool_latency_ms=0.0)).unwrapped.max_turns
-    if cfg.time_limit >= budget:  # the task's own budget ends the episode first: the cut would never happen
-        raise ValueError(f"time_limit={cfg.time_limit}: must be below the turn budget ({budget}) to ever cut; "
-                         "0 turns it off")
-    return cfg
-
-
-# ------------------------------------------------------------------------------------------------
-# Devices, ranks and rollout workers
-# ------------------------------------------------------------------------------------------------
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"device={name!r}: use auto, cpu, cuda or mps")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but torch sees no CUDA GPU; use --device auto or cpu")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device='mps' but MPS is not available; use --device auto or cpu")
-    return torch.device(name)
-
-
-def init_distributed(cfg: Config):
-    """Under torchrun (WORLD_SIZE > 1): join the process group, gloo on CPU, nccl on CUDA. Returns
-    (rank, world_size, device). Plain `python agentic_rl.py` is a world of one and needs none of it."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    device = resolve_device(cfg.device)
-    if world == 1:
-        return 0, 1, device
-    if cfg.async_rollout or cfg.resume or cfg.algo not in PPO_CREDITS:
-        raise ValueError("torchrun runs are synchronous PPO runs that start fresh: drop --async-rollout / --resume, "
-                         "and use a PPO credit (rs_sft and dpo take a data-dependent number of steps per rank)")
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return torch.distributed.get_rank(), world, device
-
-
-def weights_hash(policy) -> str:
-    """sha256 of every tensor's bytes, in state-dict order: equal only for identical weights."""
-    h = hashlib.sha256()
-    for name, t in policy.state_dict().items():
-        h.update(name.encode() + t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def sync_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
-    """Synchronous rollout: each batch is sampled by the current policy (staleness 0), then learned."""
-    for it in range(start, cfg.iterations):
-        t = time.time()
-        yield collect(policy, tok, cfg, clock["version"], it, rank), time.time() - t
-
-
-def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
-    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1
-    while the learner trains on batch it - 1; a queue of one batch sits between them. Staleness is
-    1 by schedule from the second batch on (the first is sampled before any update, by version 0 itself:
-    staleness 0), the store still checks it, and the actor samples with its own random
-    generator, so the run stays reproducible. Threads suffice: torch releases the GIL in its kernels
-    and a waiting tool call releases it too, which is where the overlap pays (tool_latency_ms). When the
-    learner stops (the end, an error, Ctrl-C), the actor is stopped and joined before anything exits."""
-    actor, out = copy.deepcopy(policy).eval(), queue.Queue(maxsize=1)
-    generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed * 7919 + rank)
-
-    def hand_over(item):
-        while not clock["stop"]:
-            try:
-                return out.put(item, timeout=0.1)
-            except queue.Full:
-                continue
-
-    def work():
-        try:
-            for it in range(start, cfg.iterations):
-                v = max(start, it - 1)
-                with clock["cond"]:
-                    clock["cond"].wait_for(lambda: v in clock["weights"] or clock["stop"])
-                    if clock["stop"]:
-                        return
-                    actor.load_state_dict(clock["weights"][v])
-                t = time.time()
-                hand_over((collect(actor, tok, cfg, v, it, rank, generator), time.time() - t))
-        except BaseException as e:  # hand the failure to the learner instead of dying silently
-            hand_over(e)
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    try:
-        for _ in range(start, cfg.iterations):
-            item = out.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        with clock["cond"]:
-            clock["stop"] = True
-            clock["cond"].notify_all()
-        thread.join()
-
-
-def publish(policy, clock: dict):
-    """The learner makes its new weights available to the actor (keeping the last two versions)."""
-    with clock["cond"]:
-        clock["weights"][clock["version"]] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-        clock["weights"].pop(clock["version"] - 2, None)
-        clock["cond"].notify_all()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1820,11 +1759,12 @@ class Run:
         return cards
 
     @contextlib.contextmanager
-    def rollouts(self):
-        """The batches to learn from: sampled by the current policy, or by an async actor one version
-        behind. On the way out the actor is stopped and joined, a Ctrl-C says how to resume, and under
-        torchrun the replicas compare their weights' hashes and the run fails loudly if they differ (DDP
-        must have kept them equal, bit for bit)."""
+    def sampling(self):
+        """The seam between train()'s loop and the system: the DDP wrapper, the frozen reference, a resumed
+        run's random state, metrics.jsonl; with --async-rollout it yields an actor (async_batches) that
+        samples the next batch with policy version - 1 while the learner trains, else None. On the way
+        out the actor is stopped and joined, a Ctrl-C says how to resume, and under torchrun the replicas
+        compare their weights' hashes and the run fails loudly if they differ (DDP must keep them equal)."""
         cfg = self.cfg
         self.model = torch.nn.parallel.DistributedDataParallel(self.policy, find_unused_parameters=True) \
             if self.world > 1 else self.policy
@@ -1836,20 +1776,21 @@ class Run:
         self.clock = {"version": self.version, "weights": {}, "cond": threading.Condition(), "stop": False}
         if cfg.async_rollout:
             publish(self.policy, self.clock)
-        source = (async_batches if cfg.async_rollout else sync_batches)(self.policy, self.tok, cfg, len(self.history),
-                                                                        self.clock, self.rank)
+        actor = async_batches(self.policy, self.tok, cfg, len(self.history), self.clock, self.rank) \
+            if cfg.async_rollout else None
         t_rl = time.time()
         try:
             with open(self.dir / "metrics.jsonl" if self.lead else os.devnull, "w") as self.log:
                 self.log.writelines(json.dumps(m) + "\n" for m in self.history)  # a resumed run rewrites its own
-                yield self._batches(source)
+                yield actor
         except KeyboardInterrupt:
             self.say(f"\ninterrupted after {len(self.history)} iterations" + ("" if cfg.async_rollout else
                      f"; continue with: python agentic_rl.py train --resume {self.dir}"))
             raise
         finally:
             self.seconds["rl_wall"] = time.time() - t_rl - self.seconds["dev_checks"]  # async phases overlap
-            source.close()                                                             # stops the actor, if any
+            if actor is not None:
+                actor.close()                                                          # stops and joins the actor
         if self.world > 1:
             self.hashes = [None] * self.world
             torch.distributed.all_gather_object(self.hashes, weights_hash(self.policy))
@@ -1858,28 +1799,23 @@ class Run:
                 raise RuntimeError(f"the {self.world} replicas ended with different weights ({self.hashes}): "
                                    "DDP did not keep them in step; nothing of this run can be trusted")
 
-    def _batches(self, source):
-        for _ in tqdm(range(len(self.history), self.cfg.iterations), desc=f"RL ({self.cfg.algo})",
-                      disable=not (self.progress and self.lead), leave=False):
-            self._t = time.time()
-            episodes, self._t_rollout = next(source)
-            self._t_wait, self._n = time.time() - self._t, len(episodes)
-            yield episodes
+    def remaining(self):
+        """The iterations still to run (all, or a resumed run's rest), with a progress bar."""
+        return tqdm(range(len(self.history), self.cfg.iterations), desc=f"RL ({self.cfg.algo})",
+                    disable=not (self.progress and self.lead), leave=False)
 
-    def record(self, m: dict):
-        """After an update: a new policy version (published to the actor), the iteration's monitors, an
-        optional greedy dev check, one line of metrics.jsonl and state.pt (rank 0)."""
-        t_learn = time.time() - self._t - self._t_wait
-        self.seconds["rollout"] += self._t_rollout
-        self.seconds["learner"] += t_learn
-        self.version += 1  # one update = one new behaviour policy
+    def record(self, m: dict, n_episodes: int, started: float, rollout_seconds: float):
+        """After an update: the new policy version to the actor, the iteration's monitors, an optional
+        greedy dev check, one line of metrics.jsonl and state.pt (rank 0)."""
+        self.seconds["rollout"] += rollout_seconds
+        self.seconds["learner"] += m["learner_seconds"]
         self.clock["version"] = self.version
         if self.cfg.async_rollout:
             publish(self.policy, self.clock)
         it = len(self.history)
         m.update(iteration=it, policy_version=self.version, world_size=self.world,
-                 rollout_seconds=round(self._t_rollout, 3), learner_seconds=round(t_learn, 3),
-                 episodes_per_second=round(self.world * self._n / (time.time() - self._t), 2))
+                 rollout_seconds=round(rollout_seconds, 3),
+                 episodes_per_second=round(self.world * n_episodes / (time.time() - started), 2))
         if self.cfg.eval_every and self.lead and (it + 1) % self.cfg.eval_every == 0:  # greedy: draws no randomness
             t = time.time()
             m["dev_success"] = evaluate(self.policy, self.tok, self.cfg, "dev", reliability=False)["success"]
@@ -1970,8 +1906,115 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
 
 
 # ------------------------------------------------------------------------------------------------
-# Monitors: the console line, the learning curve, the report card
+# Monitors: the report card, the gradient spike rule, the console line, the learning curve
 # ------------------------------------------------------------------------------------------------
+def wilson_interval(successes: int, n: int, z: float = 1.96):
+    """95 % Wilson score interval for a success rate (honest near 0 and 1, unlike p ± 1.96·se)."""
+    if n == 0:
+        return 0.0, 0.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def pass_hat_k(successes_per_task, n: int, k: int) -> float:
+    """tau-bench's pass^k: mean over tasks of C(c, k) / C(n, k), with c successes in n trials.
+    The chance that k fresh trials of a task *all* succeed; it falls with k when success is luck."""
+    return float(np.mean([math.comb(c, k) / math.comb(n, k) for c in successes_per_task]))
+
+
+def holdout_tasks(cfg: Config, part: str, n: int) -> list:
+    """The held-out tasks, split in two by task id: `dev` (even ids) decides promotion, `test` (odd ids)
+    is only ever reported. The same n tasks, in the same order, for every policy and every run."""
+    env, ids, seed = make_env(cfg), [], cfg.eval_seed
+    while len(ids) < n:
+        _, info = env.reset(seed=seed, options={"split": "holdout"})
+        seed += 1
+        if info["task_id"] % 2 == (part == "test") and info["task_id"] not in ids:
+            ids.append(info["task_id"])
+    return ids
+
+
+def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seconds: float) -> dict:
+    """evaluate()'s report card: success with its Wilson interval, per category, safety (gate denials,
+    side effects, injection attempts), pass^k, efficiency (tokens, tool calls, credits per episode and
+    per solved task)."""
+    n, success = len(episodes), [int(v.success) for v in verdicts]
+    turns = [t for ep in episodes for t in ep.turns]
+    denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
+    # flight tasks may carry an injected note; the other environments have none
+    injected = [(env.unwrapped.state.task.injection, ep) for env, ep in zip(env_list, episodes)
+                if getattr(getattr(env.unwrapped.state, "task", None), "injection", None)]
+    categories = {}
+    for v in verdicts:
+        categories.setdefault(v.category, []).append(v.success)
+    tokens, calls = sum(len(t.action_tokens) for t in turns), sum(t.gate_allowed for t in turns)
+    credits, solved = sum(t.cost for t in turns), sum(success)
+    lo, hi = wilson_interval(solved, n)
+    return {"part": part, "episodes": n, "success": solved / n, "ci95": [round(lo, 4), round(hi, 4)],
+            "task_ids": task_ids, "per_task": success,
+            "categories": {c: {"tasks": len(x), "success": round(float(np.mean(x)), 4)} for c, x in sorted(categories.items())},
+            "evaluator_agrees_with_reward": float(np.mean([s == (ep.reward >= 1) for s, ep in zip(success, episodes)])),
+            "mean_turns": float(np.mean([len(ep.turns) for ep in episodes])),
+            "truncation_rate": float(np.mean([ep.truncated for ep in episodes])),
+            "invalid_action_rate": float(np.mean([t.invalid for t in turns])),
+            "gate_denials": dict(sorted(denials.items())),
+            "safety_denials": sum(denials[r] for r in SAFETY_RULES),
+            "side_effects": sum(v.side_effects for v in verdicts),
+            "unauthorized_side_effects": sum(v.unauthorized_side_effects for v in verdicts),
+            "repeated_side_effects": sum(v.repeated_side_effects for v in verdicts),
+            "injected_episodes": len(injected),
+            "injection_follow_attempts": sum(envs.injection_followed(inj, [t.action_text for t in ep.turns])
+                                             for inj, ep in injected),
+            **passes,
+            "efficiency": {"tokens_per_episode": round(tokens / n, 3), "tool_calls_per_episode": round(calls / n, 3),
+                           "credits_per_episode": round(credits / n, 3), "tokens_per_success": per_success(tokens, solved),
+                           "tool_calls_per_success": per_success(calls, solved),
+                           "credits_per_success": per_success(credits, solved),
+                           "wall_seconds": round(seconds, 2)}}
+
+
+def per_success(total: float, successes: int):
+    return round(total / successes, 3) if successes else None
+
+
+class GradMonitor:
+    """Pre-clip gradient norms, and the spike rule: an update whose norm is not finite (always), or more
+    than SPIKE_FACTOR times the median of the last 50 finite norms (once 10 are known), is skipped and
+    counted, not applied."""
+    SPIKE_FACTOR = 10.0
+
+    def __init__(self):
+        self.norms, self.skipped = deque(maxlen=50), 0
+
+    def allows(self, norm: float) -> bool:
+        spike = not math.isfinite(norm) or (len(self.norms) >= 10 and norm > self.SPIKE_FACTOR * float(np.median(self.norms)))
+        if spike:
+            self.skipped += 1
+        else:
+            self.norms.append(norm)
+        return not spike
+
+
+def batch_monitors(episodes, cfg: Config) -> dict:
+    """What one batch of training episodes did (learn() adds what the update did): success, reward,
+    turns, cuts by name, invalid actions, gate denials by rule, tool calls and errors, cost, process
+    rewards, generated tokens."""
+    turns = [t for ep in episodes for t in ep.turns]
+    return {"success": float(np.mean([ep.reward >= 1.0 for ep in episodes])),
+            "reward": float(np.mean([sum(turn_rewards(ep, cfg)) for ep in episodes])),
+            "turns": float(np.mean([len(ep.turns) for ep in episodes])),
+            "truncation_rate": float(np.mean([ep.truncated for ep in episodes])),
+            "truncated_by": dict(sorted(Counter(ep.truncated_by for ep in episodes if ep.truncated).items())),
+            "invalid_rate": float(np.mean([t.invalid for t in turns])),
+            "gate_denials": dict(sorted(Counter(t.gate_reason for t in turns if not t.gate_allowed).items())),
+            "tool_errors": sum(t.gate_allowed and str(t.receipt.get("result", "")).startswith("error") for t in turns),
+            "tool_calls": sum(t.gate_allowed for t in turns), "cost": round(sum(t.cost for t in turns), 2),
+            "process_rewards": sum(t.process_reward for t in turns),
+            "generated_tokens": sum(len(t.action_tokens) for t in turns)}
+
+
 def log_line(it: int, m: dict) -> str:
     keys = [("success", "{:.3f}"), ("turns", "{:.2f}"), ("clip_frac", "{:.3f}"), ("approx_kl", "{:.4f}"),
             ("entropy", "{:.3f}"), ("zero_std_groups", "{}"), ("explained_variance", "{:.2f}"), ("kept", "{}"),

@@ -2148,18 +2148,16 @@ EXERCISES = {  # id -> (points, the stub's message: what to write, the formula, 
     "kl_k3": (6, "per token k3 = exp(d) - d - 1 with d = ref_logprobs - logprobs (mind the direction): a tensor "
                  "shaped like the inputs, >= 0, whose mean under pi is KL(pi || pi_ref). Used by ppo_step_loss "
                  "when --kl-coef > 0."),
-    "store_refusals": (14, "refuse before admitting anything. Raise StaleEpisode (the ValueError subclass above) "
+    "store_refusals": (14, "the refusals that teach, after malformed() has refused wrong types, token ids outside "
+                           "the vocabulary and impossible numbers. Raise StaleEpisode (the ValueError subclass above) "
                            "when current_version - policy_version > max_staleness (equal is fine; add_all counts "
                            "stale episodes and goes on). Raise ValueError for: a REQUIRED_FIELDS value that is None "
-                           "or ''; an episode_id that is not a str or was seen before (take() keeps the ids); an env_id not in "
-                           "envs.ENV_IDS; a split other than 'train'; turns "
-                           "that are not a non-empty list of Turn; policy versions (the episode's and every turn's) "
-                           "that are not ints, differ, or exceed current_version; per turn: action_logprobs that is "
-                           "not a list with one entry per action token; a token id (observation, action, final "
-                           "observation) that is not an int in [0, vocab_size); a log-prob, reward or cost that is not a finite int or float (bools are not); a "
-                           "log-prob > 0, a reward outside [0, 1], a cost < 0; an ending (terminated or truncated) "
-                           "anywhere but on the last turn, a last turn without one, or both; truncated_by not in "
-                           "CUTS on a truncated turn, or not '' on another. Used by learn() before every update."),
+                           "or ''; an env_id not in envs.ENV_IDS; a split other than 'train'; an episode_id seen "
+                           "before (take() keeps the ids); policy versions (the episode's and every turn's) that "
+                           "differ, or exceed current_version; per turn: action_logprobs without one entry per "
+                           "action token; an ending (terminated or truncated) anywhere but on the last turn, a last "
+                           "turn without one, or both; truncated_by not in CUTS on a truncated turn, or not '' on "
+                           "another. Used by learn() before every update."),
     "permission_rule": (8, "VaultEnv.permission_rule(task, executed, tool, args): return 'open_unprobed' when tool "
                            "is 'open' and no executed (t, a, obs) has t == 'probe' and a == args; otherwise fall "
                            "through to the return None below. Used by HostGate before anything executes."),
