@@ -942,6 +942,7 @@ def test_every_route_runs_two_iterations(tmp_path, algo, capsys):
     assert len(metrics) == 2 and all(set(m) == MONITOR_KEYS for m in metrics)
     assert summary["algo"] == algo and (metrics[0]["kept"] is not None) == (algo == "rs_sft")
     assert (metrics[0]["dpo_pairs"] is not None) == (algo == "dpo")
+    check_report(tmp_path / algo, route_has_advantages=algo in A.PPO_CREDITS)  # each route's own monitors drawn
 
 
 def test_denied_turns_can_be_kept_from_positive_credit():
@@ -969,11 +970,19 @@ def copy_episode(ep, suffix):
 
 def test_compare_runs_every_route_from_one_warm_start(tmp_path, capsys):
     cfg = tiny_config(iterations=1, eval_episodes=6, pass_k_tasks=2, warm_start_episodes=20, sft_epochs=1)
-    result = A.compare(cfg, [0], ["grpo", "dpo"], out=str(tmp_path), progress=False)
+    result = A.compare(cfg, [0, 1], ["grpo", "dpo"], out=str(tmp_path), progress=False)
     saved = json.loads((tmp_path / "compare.json").read_text())
     assert set(saved["routes"]) == {"warm start", "grpo", "dpo"} == set(result["routes"])
     assert saved["routes"]["grpo"]["env_episodes"] == saved["routes"]["dpo"]["env_episodes"] == 16
     assert len(saved["routes"]["grpo"]["curves"][0]) == 1
+    page = self_contained(tmp_path / "compare.html")       # compare.html: the mean and spread of each route's curves
+    drawn, rows = drawn_series(page), {e["data-route"]: page.inside(e, "td") for e in page.elements if "data-route" in e}
+    for route in ("grpo", "dpo"):
+        curves = np.array(saved["routes"][route]["curves"])                                # (seeds, iterations)
+        assert [(x, y, float(c["data-lo"]), float(c["data-hi"])) for x, y, _, c in drawn[route]] == \
+            [(x, float(np.mean(col)), float(np.min(col)), float(np.max(col))) for x, col in enumerate(curves.T)]
+    for route, r in saved["routes"].items():
+        assert [td["text"] for td in rows[route][:4]] == [route] + [f"{r[k]:.3f}" for k in ("test_success_mean", "min", "max")]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1459,7 +1468,7 @@ def check_report(run_dir, route_has_advantages=True):
 
 
 def test_report_html_draws_the_records_and_changes_no_random_state(tmp_path, capsys):
-    summary, metrics = small_run(tmp_path, "r", eval_every=2)
+    summary, metrics = small_run(tmp_path, "r", eval_every=2, warm_start_episodes=300)  # some success: signs to draw
     assert metrics[1]["dev_success"] is not None and "report.html" in capsys.readouterr().out
     check_report(tmp_path / "r")
     states = lambda: (torch.get_rng_state(), np.random.get_state()[1].tolist(), __import__("random").getstate())
