@@ -21,7 +21,8 @@ The file is a reader's path in three parts:
                             07 evaluation and release gates, then train(): readable on its own
     Part II  · the system   validation, devices and torchrun, the async actor, checkpoints and run
                             directories, resume, monitors: what train() leans on
-    Part III · the tools    examples, show, play, compare, bench, homework and grade, the CLI
+    Part III · the tools    examples, show, play, compare, bench, pictures (report.html),
+                            homework and grade, the CLI
 
 Run:
     python agentic_rl.py                 # the demo: examples, warm start, GRPO, report card, release gates
@@ -40,7 +41,6 @@ import functools
 import hashlib
 import html
 import inspect
-import itertools
 import json
 import math
 import os
@@ -1911,7 +1911,7 @@ def start_run(cfg: Config, progress: bool) -> Run:
 
 def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: list) -> dict:
     """final.pt (the candidate if promoted, else the incumbent), the printed report card, gates and
-    learning curve, and summary.json."""
+    learning curve, summary.json, and report.html drawn from the same records (Part III, pictures)."""
     cfg, history, incumbent = run.cfg, run.history, run.incumbent
     save_checkpoint(run.dir / "final.pt", run.policy, run.tok, cfg, run.version if promoted else 0)
     print("\n" + format_report_card({"incumbent dev": incumbent["dev"], "candidate dev": candidate["dev"],
@@ -1999,7 +1999,8 @@ def format_report_card(columns: dict) -> str:
 
 # ################################################################################################
 # PART III · THE TOOLS
-# The commands around the loop: examples, show, play, compare, bench, homework and grade, the CLI.
+# The commands around the loop: examples, show, play, compare, bench, the pictures (report.html,
+# compare.html, examples --html), homework and grade, the CLI.
 # ################################################################################################
 def worked_examples() -> dict:
     """The chapter's three hand calculations, computed by the functions training uses."""
@@ -2076,6 +2077,8 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
     the other kind. html_path: also draw the checkpoint's report.html there (report_page)."""
     if n < 1:
         raise ValueError(f"--n {n}: must be >= 1")
+    if html_path:
+        writable_dir(Path(html_path).parent, "--html")  # fail now, not after the sampling
     policy, tok, cfg, version = load_checkpoint(ckpt, resolve_device(device))
     cfg, picked, others = replace(cfg, algo=credit or cfg.algo), [], []
     for task_id, episodes, _, verdicts, credit in held_out_groups(policy, tok, cfg, version, part, 25):
@@ -2292,7 +2295,7 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
 CSS = """body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;background:#f6f7f9;color:#1d2430;
 max-width:1260px;margin:0 auto;padding:20px 28px}h1{font-size:23px;margin:4px 0}h2{font-size:18px;margin:26px 0 6px}
 .sub{color:#556070}.grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;background:#fff;border:1px solid #e1e4e8;
-border-radius:8px;padding:6px 8px}figcaption{font-size:13.5px;font-weight:600}svg text{font:11px system-ui,Arial,sans-serif;
+border-radius:8px;padding:6px 8px;width:372px}figcaption{font-size:13.5px;font-weight:600}svg text{font:11px system-ui,Arial,sans-serif;
 fill:#4a5360}.key{display:inline-block;width:14px;height:4px;margin:0 4px 2px 10px;vertical-align:middle}
 table{border-collapse:collapse;background:#fff;font-size:13.5px}td,th{padding:3px 10px;border-bottom:1px solid #eceef1;
 text-align:right}th{background:#eef1f4}td:first-child,th:first-child,tr[data-row] td:nth-child(2){text-align:left}.pass{color:#1a7f37;font-weight:700}
@@ -2335,6 +2338,7 @@ def adv_colour(a, scale: float) -> str:
 def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "iteration") -> str:
     """One chart; series = [(name, key, [(x, y, lo, hi), ...])], lo/hi (or None) the spread drawn as a band.
     Each point is a circle with a tooltip and its exact numbers in data-x, data-y (data-lo, data-hi)."""
+    series = [s for s in series if s[2]]                     # a monitor the route did not measure: no line
     pts = [p for _, _, ps in series for p in ps]
     if not pts:
         return ""
@@ -2343,7 +2347,7 @@ def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "i
     lo, hi = (lo, hi) if hi - lo > 1e-12 else (lo - max(abs(lo) * 0.1, 1e-3), hi + max(abs(hi) * 0.1, 1e-3))
     x0 = min(p[0] for p in pts)
     x1 = max(x0 + 1, max(p[0] for p in pts))
-    W, H, L, R, T, B = 372, 220, 58, 12, 10, 38
+    W, H, L, R, T, B = 372, 226, 60, 12, 22, 38
     X = lambda x: round(L + (x - x0) / (x1 - x0) * (W - L - R), 1)
     Y = lambda y: round(T + (hi - y) / (hi - lo) * (H - T - B), 1)
     out = [f"<rect x='{L}' y='{T}' width='{W - L - R}' height='{H - T - B}' fill='#fbfcfd' stroke='#cfd4da'/>"]
@@ -2352,8 +2356,8 @@ def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "i
                    f"<text x='{L - 4}' y='{Y(v) + 4}' text-anchor='end'>{v:.3g}</text>")
     for x in sorted({x0, (x0 + x1) // 2, x1}):
         out.append(f"<text x='{X(x)}' y='{H - B + 14}' text-anchor='middle'>{x}</text>")
-    out.append(f"<text x='{(L + W - R) / 2}' y='{H - 4}' text-anchor='middle'>{esc(x_label)}</text><text "
-               f"transform='translate(12 {(T + H - B) / 2}) rotate(-90)' text-anchor='middle'>{esc(y_label)}</text>")
+    out.append(f"<text x='{(L + W - R) / 2}' y='{H - 4}' text-anchor='middle'>{esc(x_label)}</text>"
+               f"<text x='4' y='12'>{esc(y_label)}</text>")
     keys = []
     for i, (name, key, ps) in enumerate(series):
         c = PALETTE[i % len(PALETTE)]
@@ -2370,7 +2374,7 @@ def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "i
             out.append(f"<circle cx='{X(x)}' cy='{Y(y)}' r='2.6' fill='{c}' data-x='{x}' data-y='{y!r}'{spread}>"
                        f"<title>{esc(tip)}</title></circle>")
         out.append("</g>")
-    return (f"<figure><figcaption>{esc(title)}{''.join(keys) if len(series) > 1 else ''}</figcaption>"
+    return (f"<figure><figcaption>{esc(title)}{''.join(keys) if len(series) > 1 or series[0][0] != y_label else ''}</figcaption>"
             f"<svg width='{W}' height='{H}' viewBox='0 0 {W} {H}' role='img'>{''.join(out)}</svg></figure>")
 
 
@@ -2446,7 +2450,7 @@ def episode_html(ep: Episode, tok: Tokenizer, adv, scale: float, max_turns: int,
 def episodes_html(policy, tok, cfg: Config, version: int, part: str = "test") -> str:
     """Three episodes of one held-out group, a success and a failure among them where one of the first five
     groups has both (so the advantages differ in sign), drawn under the run's credit."""
-    groups = list(itertools.islice(held_out_groups(policy, tok, cfg, version, part, 5), 5))
+    groups = list(held_out_groups(policy, tok, cfg, version, part, 5))
     task_id, episodes, env_list, verdicts, credit = next(
         (g for g in groups if len({v.success for v in g[3]}) == 2), groups[0])
     first = [b for b, v in enumerate(verdicts) if v.success][:1] + [b for b, v in enumerate(verdicts) if not v.success][:1]
@@ -2510,7 +2514,7 @@ def examples_page(ex: dict) -> str:
     return page("agentic-rl: the chapter's worked examples",
                 f"<h2>02 mask: {ex['mask_sum']} of {ex['mask_tokens']} tokens are the policy's</h2><p class='sub'>"
                 f"<span class='tok act' style='background:#f46d43'>policy</span> action tokens (in the loss) &nbsp; "
-                f"<span class='tok ctx'>context</span> task and tool observations</p>",
+                f"<span class='tok ctx'>context</span> task and tool observations; a row per turn</p>",
                 f"<svg width='{45 * 13}' height='{16 * math.ceil(len(ex['mask']) / 45)}'>{cells}</svg>",
                 f"<h2>03 credit on one flight group (F4 sold out)</h2><p class='sub'>returns, reward 1 at turn 4, gamma "
                 f"0.9: {ex['returns']}; GRPO on rewards [1, 0, 0, 1]: {ex['grpo_advantages']}. Below, per turn: grpo "
