@@ -2295,8 +2295,8 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
 CSS = """body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;background:#f6f7f9;color:#1d2430;
 max-width:1260px;margin:0 auto;padding:20px 28px}h1{font-size:23px;margin:4px 0}h2{font-size:18px;margin:26px 0 6px}
 .sub{color:#556070}.grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;background:#fff;border:1px solid #e1e4e8;
-border-radius:8px;padding:6px 8px;width:372px}figcaption{font-size:13.5px;font-weight:600}svg text{font:11px system-ui,Arial,sans-serif;
-fill:#4a5360}.key{display:inline-block;width:14px;height:4px;margin:0 4px 2px 10px;vertical-align:middle}
+border-radius:8px;padding:6px 8px}figcaption{font-size:13.5px;font-weight:600}svg text{font:11px system-ui,Arial,sans-serif;
+fill:#4a5360}.nw{white-space:nowrap}.key{display:inline-block;width:14px;height:4px;margin:0 4px 2px 10px;vertical-align:middle}
 table{border-collapse:collapse;background:#fff;font-size:13.5px}td,th{padding:3px 10px;border-bottom:1px solid #eceef1;
 text-align:right}th{background:#eef1f4}td:first-child,th:first-child,tr[data-row] td:nth-child(2){text-align:left}.pass{color:#1a7f37;font-weight:700}
 .fail{color:#c62828;font-weight:700}.episode{background:#fff;border:1px solid #e1e4e8;border-radius:8px;padding:8px 12px;
@@ -2335,7 +2335,7 @@ def adv_colour(a, scale: float) -> str:
     return "rgb(" + ",".join(str(round(255 + abs(t) * (c - 255))) for c in end) + ")"
 
 
-def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "iteration") -> str:
+def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "iteration", W: int = 372) -> str:
     """One chart; series = [(name, key, [(x, y, lo, hi), ...])], lo/hi (or None) the spread drawn as a band.
     Each point is a circle with a tooltip and its exact numbers in data-x, data-y (data-lo, data-hi)."""
     series = [s for s in series if s[2]]                     # a monitor the route did not measure: no line
@@ -2347,7 +2347,7 @@ def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "i
     lo, hi = (lo, hi) if hi - lo > 1e-12 else (lo - max(abs(lo) * 0.1, 1e-3), hi + max(abs(hi) * 0.1, 1e-3))
     x0 = min(p[0] for p in pts)
     x1 = max(x0 + 1, max(p[0] for p in pts))
-    W, H, L, R, T, B = 372, 226, 60, 12, 22, 38
+    H, L, R, T, B = 226, 60, 12, 22, 38
     X = lambda x: round(L + (x - x0) / (x1 - x0) * (W - L - R), 1)
     Y = lambda y: round(T + (hi - y) / (hi - lo) * (H - T - B), 1)
     out = [f"<rect x='{L}' y='{T}' width='{W - L - R}' height='{H - T - B}' fill='#fbfcfd' stroke='#cfd4da'/>"]
@@ -2361,7 +2361,7 @@ def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "i
     keys = []
     for i, (name, key, ps) in enumerate(series):
         c = PALETTE[i % len(PALETTE)]
-        keys.append(f"<span class='key' style='background:{c}'></span>{esc(name)}")
+        keys.append(f"<span class='nw'><span class='key' style='background:{c}'></span>{esc(name)}</span>")
         band = [p for p in ps if p[2] is not None]
         if band:
             edge = [f"{X(p[0])},{Y(p[3])}" for p in band] + [f"{X(p[0])},{Y(p[2])}" for p in reversed(band)]
@@ -2374,7 +2374,7 @@ def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "i
             out.append(f"<circle cx='{X(x)}' cy='{Y(y)}' r='2.6' fill='{c}' data-x='{x}' data-y='{y!r}'{spread}>"
                        f"<title>{esc(tip)}</title></circle>")
         out.append("</g>")
-    return (f"<figure><figcaption>{esc(title)}{''.join(keys) if len(series) > 1 or series[0][0] != y_label else ''}</figcaption>"
+    return (f"<figure style='width:{W}px'><figcaption>{esc(title)}{''.join(keys) if len(series) > 1 or series[0][0] != y_label else ''}</figcaption>"
             f"<svg width='{W}' height='{H}' viewBox='0 0 {W} {H}' role='img'>{''.join(out)}</svg></figure>")
 
 
@@ -2486,7 +2486,7 @@ def compare_page(result: dict) -> str:
                               for x, col in enumerate(zip(*r["curves"]))]) for route, r in result["routes"].items()
               if route != "warm start"]
     chart = line_chart(f"training success per iteration, mean and spread over seeds {result['seeds']}", "success",
-                       curves, (0.0, 1.0))
+                       curves, (0.0, 1.0), W=640)
     k = f"pass^{result['config']['pass_k']}"
     rows = [[esc(route), f"{r['test_success_mean']:.3f}", f"{r['min']:.3f}", f"{r['max']:.3f}", f"{r['pass^k_mean']:.3f}",
              " ".join(f"{s['success']:.3f}" for s in r["per_seed"]),
