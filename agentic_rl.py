@@ -1671,7 +1671,7 @@ def writable_dir(path, flag: str) -> Path:
     return Path(path)
 
 
-RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt")
+RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt", "report.html")
 
 
 def holds_a_run(run: Path) -> list:
@@ -1946,9 +1946,8 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     if run.world > 1:
         summary["param_hashes"] = run.hashes
     atomic_write(run.dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
-    print(f"wrote {run.dir / 'summary.json'} ({summary['wall_seconds']} s)")
     write_report(run.dir / "report.html", run.policy, run.tok, cfg, run.version if promoted else 0, history, summary)
-    print(f"wrote {run.dir / 'report.html'} (curves, report card, gates, three episodes: open it in a browser)")
+    print(f"wrote {run.dir / 'summary.json'} ({summary['wall_seconds']} s) and report.html (open it in a browser)")
     return summary
 
 
