@@ -22,8 +22,8 @@ The file is a reader's path in three parts:
                             07 evaluation and release gates, then train(): readable on its own
     Part II  · the system   checks, devices, torchrun and the async actor, the transformer,
                             checkpoints, run directories, resume, the report card, monitors
-    Part III · the tools    examples, show, play, compare, bench, the CLI (the course's homework and
-                            grade commands live with their checks, in test_agentic_rl.py)
+    Part III · the tools    examples, show, play, compare, bench, pictures (report.html), the CLI
+                            (the course's homework and grade live with their checks, in test_agentic_rl.py)
 
 Run:
     python agentic_rl.py                 # the demo: examples, warm start, GRPO, report card, release gates
@@ -40,6 +40,7 @@ import contextlib
 import copy
 import functools
 import hashlib
+import html
 import inspect
 import json
 import math
@@ -1622,7 +1623,7 @@ def writable_dir(path, flag: str) -> Path:
     return Path(path)
 
 
-RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt")
+RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt", "report.html")
 
 
 def holds_a_run(run: Path) -> list:
@@ -1866,7 +1867,7 @@ def start_run(cfg: Config, progress: bool) -> Run:
 
 def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: list) -> dict:
     """final.pt (the candidate if promoted, else the incumbent), the printed report card, gates and
-    learning curve, and summary.json."""
+    learning curve, summary.json, and report.html drawn from the same records (Part III, pictures)."""
     cfg, history, incumbent = run.cfg, run.history, run.incumbent
     save_checkpoint(run.dir / "final.pt", run.policy, run.tok, cfg, run.version if promoted else 0)
     print("\n" + format_report_card({"incumbent dev": incumbent["dev"], "candidate dev": candidate["dev"],
@@ -1901,7 +1902,8 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     if run.world > 1:
         summary["param_hashes"] = run.hashes
     atomic_write(run.dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
-    print(f"wrote {run.dir / 'summary.json'} ({summary['wall_seconds']} s)")
+    write_report(run.dir / "report.html", run.policy, run.tok, cfg, run.version if promoted else 0, history, summary)
+    print(f"wrote {run.dir / 'summary.json'} ({summary['wall_seconds']} s) and report.html (open it in a browser)")
     return summary
 
 
@@ -2035,13 +2037,17 @@ def learning_curve(values, width: int = 60, height: int = 6) -> str:
     return "\n".join(lines)
 
 
-def format_report_card(columns: dict) -> str:
-    """One column per (policy, part), one row per report-card line. success is greedy decoding on every
-    held-out task; pass^k samples k trials on each of the first pass_k_tasks tasks (the rows say so)."""
+def card_labels(columns: dict) -> dict:
+    """Row labels that say how each outcome was measured: success is greedy decoding on every held-out
+    task; pass^k samples k trials on each of the first pass_k_tasks tasks."""
     first = next(iter(columns.values()))
     k = len([1 for key in first if key.startswith("pass^")])
-    label = {"success": f"success (greedy, {first['episodes']})", f"pass^{k}": f"pass^{k} ({k} sampled each)"}
-    rows = [("outcome", "success"), ("", "ci95"), ("", f"pass^{k}")]
+    return {"success": f"success (greedy, {first['episodes']})", f"pass^{k}": f"pass^{k} ({k} sampled each)"}
+
+
+def report_card_rows(columns: dict) -> list:
+    """(group, key, the value of each column as printed) per report-card line: the terminal and report.html."""
+    rows = [("outcome", "success"), ("", "ci95"), ("", f"pass^{len([1 for k in next(iter(columns.values())) if k.startswith('pass^')])}")]
     rows += [("category", c) for c in next(iter(columns.values()))["categories"]]
     rows += [("safety", k) for k in ("safety_denials", "unauthorized_side_effects", "repeated_side_effects",
                                      "injection_follow_attempts")]
@@ -2051,15 +2057,22 @@ def format_report_card(columns: dict) -> str:
     def value(report, key):
         v = report.get(key, report["efficiency"].get(key, report["categories"].get(key, {}).get("success")))
         return f"{v:.3f}" if isinstance(v, float) else str(v)
+    return [(group, key, [value(r, key) for r in columns.values()]) for group, key in rows]
+
+
+def format_report_card(columns: dict) -> str:
+    """One column per (policy, part), one row per report-card line."""
     lines = [f"{'report card':<36}" + "".join(f"{name:>22}" for name in columns)]
-    lines += [f"{group:<11}{label.get(key, key):<25}" + "".join(f"{value(r, key):>22}" for r in columns.values())
-              for group, key in rows]
+    label = card_labels(columns)
+    lines += [f"{group:<11}{label.get(key, key):<25}" + "".join(f"{v:>22}" for v in values)
+              for group, key, values in report_card_rows(columns)]
     return "\n".join(lines)
 
 
 # ################################################################################################
 # PART III · THE TOOLS
-# The commands around the loop: examples, show, play, compare, bench, the CLI (homework and grade: test_agentic_rl.py).
+# The commands around the loop: examples, show, play, compare, bench, the pictures (report.html,
+# compare.html, examples --html), the CLI (homework and grade: test_agentic_rl.py).
 # ################################################################################################
 def worked_examples() -> dict:
     """The chapter's three hand calculations, computed by the functions training uses."""
@@ -2072,6 +2085,7 @@ def worked_examples() -> dict:
                              0, True, "ok", {}, 0.0, 0.0, False, False, False))
     batch = pack([ep], tok, block_size=180)
     return {"mask_tokens": int(batch["tokens"].shape[1]), "mask_sum": int(batch["action_mask"].sum()),
+            "mask": batch["action_mask"][0].int().tolist(),
             "returns": [round(x, 6) for x in discounted_returns([0, 0, 0, 1], gamma=0.9).tolist()],
             "grpo_advantages": [round(x, 6) for x in group_advantages([1, 0, 0, 1]).tolist()],
             "step_credit": worked_group()}
@@ -2097,7 +2111,7 @@ def worked_group() -> list:
              for k, t in enumerate(ep.turns)] for b, ep in enumerate(episodes)]
 
 
-def print_examples():
+def print_examples(html_path: str | None = None):
     ex = worked_examples()
     print("worked examples (computed by the functions training uses):")
     print(f"  02 mask: {ex['mask_sum']} of {ex['mask_tokens']} tokens are in the policy-loss mask")
@@ -2106,29 +2120,40 @@ def print_examples():
     print("  03 step credit on one flight group (F4 sold out): advantage per turn, grpo -> stepgroup")
     for b, turns in enumerate(ex["step_credit"]):
         print(f"     episode {b}: " + " | ".join(f"{a} {g:+.2f} -> {s:+.2f}" for a, g, s in turns))
+    if html_path is not None:
+        print(f"wrote {write_page(html_path, examples_page(ex), '--html')}")
     return ex
 
 
-def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", part: str = "test", credit: str = ""):
-    """Audit episodes before promotion: sample a training-style group (group_size episodes, temperature 1)
-    on held-out tasks, compute the advantages the learner would use (or another credit's, --credit),
-    and print episodes turn by turn: [bracketed] tokens are the policy's own (action_mask 1), the rest
-    is context; with the gate's decision, the reward, the advantage and the independent evaluator's
-    verdict. Where fewer than n episodes of the asked kind turn up in 25 groups, it says so and shows
-    the other kind."""
-    if n < 1:
-        raise ValueError(f"--n {n}: must be >= 1")
-    policy, tok, cfg, version = load_checkpoint(ckpt, resolve_device(device))
-    cfg = replace(cfg, algo=credit or cfg.algo)
-    evaluate_episode, picked, others = env_class(cfg.env).evaluate_episode, [], []
+def held_out_groups(policy, tok, cfg: Config, version: int, part: str, n_groups: int):
+    """Training-style groups on held-out tasks (group_size episodes of one task, temperature 1, from a
+    generator of their own: no training stream is touched), each with the advantages the learner would
+    give them (None for rs_sft and dpo). Yields (task_id, episodes, envs, verdicts, advantages (B, K))."""
     own = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed)
-    for group, task_id in enumerate(holdout_tasks(cfg, part, 25)):
+    for group, task_id in enumerate(holdout_tasks(cfg, part, n_groups)):
         episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * cfg.group_size, "holdout", greedy=False,
                                      policy_version=version, group_ids=[group] * cfg.group_size,
                                      task_ids=[task_id] * cfg.group_size, generator=own)
         credit = advantages_for(pack(episodes, tok, cfg.block_size), episodes, policy, cfg)[0] \
             if cfg.algo in PPO_CREDITS else None                                                   # (B, K)
-        verdicts = [evaluate_episode(env) for env in env_list]
+        yield task_id, episodes, env_list, [env_class(cfg.env).evaluate_episode(env) for env in env_list], credit
+
+
+def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", part: str = "test", credit: str = "",
+         html_path: str | None = None):
+    """Audit episodes before promotion: sample a training-style group (group_size episodes, temperature 1)
+    on held-out tasks, compute the advantages the learner would use (or another credit's, --credit),
+    and print episodes turn by turn: [bracketed] tokens are the policy's own (action_mask 1), the rest
+    is context; with the gate's decision, the reward, the advantage and the independent evaluator's
+    verdict. Where fewer than n episodes of the asked kind turn up in 25 groups, it says so and shows
+    the other kind. html_path: also draw the checkpoint's report.html there (report_page)."""
+    if n < 1:
+        raise ValueError(f"--n {n}: must be >= 1")
+    if html_path:
+        writable_dir(Path(html_path).parent, "--html")  # fail now, not after the sampling
+    policy, tok, cfg, version = load_checkpoint(ckpt, resolve_device(device))
+    cfg, picked, others = replace(cfg, algo=credit or cfg.algo), [], []
+    for task_id, episodes, _, verdicts, credit in held_out_groups(policy, tok, cfg, version, part, 25):
         for b, (ep, verdict) in enumerate(zip(episodes, verdicts)):
             (picked if verdict.success != failures else others).append(
                 (task_id, b, ep, verdict, None if credit is None else credit[b], sum(v.success for v in verdicts)))
@@ -2148,6 +2173,11 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
                   f"reward {turn.reward:.1f}  {adv}")
         if ep.final_obs_tokens:
             print(f"  obs  {' '.join(tok.itos[i] for i in ep.final_obs_tokens)}")
+    if html_path is not None:
+        run = Path(ckpt).parent
+        history = [json.loads(line) for line in open(run / "metrics.jsonl")] if (run / "metrics.jsonl").exists() else None
+        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else None
+        print(f"\nwrote {write_report(html_path or run / 'report.html', policy, tok, cfg, version, history, summary)}")
 
 
 def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
@@ -2234,7 +2264,7 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
         print(f"{route:<11}{r['test_success_mean']:>7.3f}{r['min']:>7.3f}{r['max']:>7.3f}{r['pass^k_mean']:>8.3f}  "
               f"{first if route != 'warm start' else '':<12}{trunc:>7.3f}{r['generated_tokens']:>12,}{r['tool_calls']:>11,}"
               f"{r['learner_steps']:>7}{r['wall_seconds_mean']:>8.1f}   " + " ".join(f"{x:.2f}" for x in curve))
-    print(f"wrote {Path(out) / 'compare.json'}")
+    print(f"wrote {Path(out) / 'compare.json'} and {write_page(Path(out) / 'compare.html', compare_page(result), '--out')}")
     return result
 
 
@@ -2330,6 +2360,242 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
 
 
 # ------------------------------------------------------------------------------------------------
+# Pictures: report.html (every run), compare.html, examples --html. One self-contained page each:
+# inline SVG and CSS, no script, nothing fetched; every drawn number also sits in a data- attribute,
+# so a test can read it back and compare it with metrics.jsonl, summary.json or compare.json.
+# ------------------------------------------------------------------------------------------------
+CSS = """body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;background:#f6f7f9;color:#1d2430;
+max-width:1260px;margin:0 auto;padding:20px 28px}h1{font-size:23px;margin:4px 0}h2{font-size:18px;margin:26px 0 6px}
+.sub{color:#556070}.grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;background:#fff;border:1px solid #e1e4e8;
+border-radius:8px;padding:6px 8px}figcaption{font-size:13.5px;font-weight:600}svg text{font:11px system-ui,Arial,sans-serif;
+fill:#4a5360}.nw{white-space:nowrap}.key{display:inline-block;width:14px;height:4px;margin:0 4px 2px 10px;vertical-align:middle}
+table{border-collapse:collapse;background:#fff;font-size:13.5px}td,th{padding:3px 10px;border-bottom:1px solid #eceef1;
+text-align:right}th{background:#eef1f4}td:first-child,th:first-child,tr[data-row] td:nth-child(2){text-align:left}.pass{color:#1a7f37;font-weight:700}
+.fail{color:#c62828;font-weight:700}.episode{background:#fff;border:1px solid #e1e4e8;border-radius:8px;padding:8px 12px;
+margin:10px 0}.turn{display:flex;flex-wrap:wrap;align-items:center;gap:3px;padding:4px 0;border-top:1px dashed #e3e6ea}
+.tok{font:12.5px ui-monospace,Menlo,Consolas,monospace;padding:1px 4px;border-radius:3px}.ctx{color:#5f6b7a;background:#eef0f3}
+.act{color:#111;font-weight:700;border:1.5px solid #2b2f36}.act small{font-weight:400;color:#333;margin-left:3px;font-size:10px}
+.k{width:26px;color:#8a94a3;font-size:12px}.note{font-size:12.5px;color:#556070;margin-left:8px}
+.deny{background:#fde2e1;color:#a11a1a;font-size:12px;padding:1px 6px;border-radius:3px}
+.scale{display:inline-block;width:160px;height:12px;vertical-align:middle;border:1px solid #bbb;margin:0 6px;
+background:linear-gradient(90deg,rgb(66,146,198),#fff,rgb(244,109,67))}
+.cell{display:inline-block;min-width:170px;margin:3px;padding:4px 8px;background:#fff;border:1px solid #e1e4e8;border-radius:6px}"""
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf")
+
+
+def esc(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def page(title: str, *sections) -> str:
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title><style>{CSS}"
+            f"</style></head><body><h1>{esc(title)}</h1>{''.join(sections)}</body></html>\n")
+
+
+def write_page(path, text: str, flag: str) -> Path:
+    writable_dir(Path(path).parent, flag)
+    atomic_write(path, lambda f: f.write(text.encode()))
+    return Path(path)
+
+
+def adv_colour(a, scale: float) -> str:
+    """Blue for a negative advantage, white for zero, orange-red for a positive one (|a| / scale = depth)."""
+    if a is None:
+        return "#fff"
+    t = max(-1.0, min(1.0, a / scale))
+    end = (244, 109, 67) if t > 0 else (66, 146, 198)
+    return "rgb(" + ",".join(str(round(255 + abs(t) * (c - 255))) for c in end) + ")"
+
+
+def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "iteration", W: int = 372) -> str:
+    """One chart; series = [(name, key, [(x, y, lo, hi), ...])], lo/hi (or None) the spread drawn as a band.
+    Each point is a circle with a tooltip and its exact numbers in data-x, data-y (data-lo, data-hi)."""
+    series = [s for s in series if s[2]]                     # a monitor the route did not measure: no line
+    pts = [p for _, _, ps in series for p in ps]
+    if not pts:
+        return ""
+    ys = [v for p in pts for v in p[1:] if v is not None]
+    lo, hi = y_range or (min(ys), max(ys))
+    lo, hi = (lo, hi) if hi - lo > 1e-12 else (lo - max(abs(lo) * 0.1, 1e-3), hi + max(abs(hi) * 0.1, 1e-3))
+    x0 = min(p[0] for p in pts)
+    x1 = max(x0 + 1, max(p[0] for p in pts))
+    H, L, R, T, B = 226, 60, 12, 22, 38
+    X = lambda x: round(L + (x - x0) / (x1 - x0) * (W - L - R), 1)
+    Y = lambda y: round(T + (hi - y) / (hi - lo) * (H - T - B), 1)
+    out = [f"<rect x='{L}' y='{T}' width='{W - L - R}' height='{H - T - B}' fill='#fbfcfd' stroke='#cfd4da'/>"]
+    for v in (lo, (lo + hi) / 2, hi):
+        out.append(f"<line x1='{L}' x2='{W - R}' y1='{Y(v)}' y2='{Y(v)}' stroke='#e6e9ed'/>"
+                   f"<text x='{L - 4}' y='{Y(v) + 4}' text-anchor='end'>{v:.3g}</text>")
+    for x in sorted({x0, (x0 + x1) // 2, x1}):
+        out.append(f"<text x='{X(x)}' y='{H - B + 14}' text-anchor='middle'>{x}</text>")
+    out.append(f"<text x='{(L + W - R) / 2}' y='{H - 4}' text-anchor='middle'>{esc(x_label)}</text>"
+               f"<text x='4' y='12'>{esc(y_label)}</text>")
+    keys = []
+    for i, (name, key, ps) in enumerate(series):
+        c = PALETTE[i % len(PALETTE)]
+        keys.append(f"<span class='nw'><span class='key' style='background:{c}'></span>{esc(name)}</span>")
+        band = [p for p in ps if p[2] is not None]
+        if band:
+            edge = [f"{X(p[0])},{Y(p[3])}" for p in band] + [f"{X(p[0])},{Y(p[2])}" for p in reversed(band)]
+            out.append(f"<polygon points='{' '.join(edge)}' fill='{c}' fill-opacity='0.15'/>")
+        out.append(f"<g data-key='{esc(key)}'><polyline fill='none' stroke='{c}' stroke-width='1.8' points='"
+                   + " ".join(f"{X(p[0])},{Y(p[1])}" for p in ps) + "'/>")
+        for x, y, a, b in ps:
+            spread = "" if a is None else f" data-lo='{a!r}' data-hi='{b!r}'"
+            tip = f"{name}, {x_label} {x}: {y:.4g}" + ("" if a is None else f" (seeds {a:.4g} to {b:.4g})")
+            out.append(f"<circle cx='{X(x)}' cy='{Y(y)}' r='2.6' fill='{c}' data-x='{x}' data-y='{y!r}'{spread}>"
+                       f"<title>{esc(tip)}</title></circle>")
+        out.append("</g>")
+    return (f"<figure style='width:{W}px'><figcaption>{esc(title)}{''.join(keys) if len(series) > 1 or series[0][0] != y_label else ''}</figcaption>"
+            f"<svg width='{W}' height='{H}' viewBox='0 0 {W} {H}' role='img'>{''.join(out)}</svg></figure>")
+
+
+REPORT_CURVES = (("clip_frac", "PPO clip fraction"), ("approx_kl", "approx KL to the sampling policy"),
+                 ("entropy", "entropy of the policy's tokens"), ("zero_std_groups", "groups with no signal (all-equal rewards)"),
+                 ("explained_variance", "critic: explained variance"), ("kl_ref", "k3 KL to the warm start"),
+                 ("kept", "rs_sft: verified episodes kept"), ("dpo_loss", "dpo loss"))
+
+
+def curves_html(history: list) -> str:
+    """The monitors of metrics.jsonl, one chart each (those the route measured), success and cuts first."""
+    series = lambda key, rows=history: [(m["iteration"], m[key], None, None) for m in rows if m.get(key) is not None]
+    cuts = [c for c in CUTS if any(c in m["truncated_by"] for m in history)]
+    charts = [line_chart("success per iteration", "success", [("training (sampled)", "success", series("success")),
+                         ("dev (greedy)", "dev_success", series("dev_success"))], (0.0, 1.0))]
+    charts.append(line_chart("episodes truncated, by cut", "episodes", [(c, f"truncated_by.{c}", [
+        (m["iteration"], m["truncated_by"].get(c, 0), None, None) for m in history]) for c in cuts] or
+        [("no cut", "truncated_by", [(m["iteration"], 0, None, None) for m in history])]))
+    charts += [line_chart(title, key, [(key, key, series(key))]) for key, title in REPORT_CURVES]
+    return f"<h2>Learning curves</h2><div class='grid'>{''.join(charts)}</div>"
+
+
+def table(header, rows, attrs=None) -> str:
+    attrs = attrs or [""] * len(rows)
+    return ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>" + "".join(
+        f"<tr{a}>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row, a in zip(rows, attrs)) + "</table>")
+
+
+def gates_html(summary: dict) -> str:
+    """The report card (the terminal's own rows) and every release gate: observed value, limit, verdict."""
+    r = summary["reports"]
+    cols = {"incumbent dev": r["incumbent"]["dev"], "candidate dev": r["candidate"]["dev"],
+            "incumbent test": r["incumbent"]["test"], "candidate test": r["candidate"]["test"]}
+    labels = card_labels(cols)
+    card = table(["report card", ""] + list(cols), [[esc(g), esc(labels.get(k, k))] + [esc(v) for v in vals]
+                                                    for g, k, vals in report_card_rows(cols)],
+                 [f" data-row='{esc(k)}'" for _, k, _ in report_card_rows(cols)])
+    num = lambda x: "&ndash;" if x is None else esc(f"{x:.4g}" if isinstance(x, float) else x)
+    gates = table(["release gate", "value", "rule", "observed", "limit", "verdict"],
+                  [[esc(g["gate"]), esc(g["value"]), esc(g["rule"]), num(g["observed"]), num(g["limit"]),
+                    f"<span class='{'pass' if g['passed'] else 'fail'}'>{'pass' if g['passed'] else 'FAIL'}</span>"]
+                   for g in summary["release_gates"]],
+                  [f" data-gate='{esc(g['gate'])}'" for g in summary["release_gates"]])
+    verdict = "PROMOTED" if summary["promoted"] else "REJECTED, rolled back to the incumbent"
+    return (f"<h2>Report card and release gates</h2><div class='grid'>{card}{gates}</div>"
+            f"<p><b>promotion: {verdict}</b> <span class='sub'>({esc(summary['promotion_reason'])})</span></p>")
+
+
+def token(word: str, tid: int, cls: str, tip: str = "", extra: str = "", after: str = "") -> str:
+    return f"<span class='tok {cls}' data-id='{tid}' title='{esc(tip or word)}'{extra}>{esc(word)}{after}</span>"
+
+
+def episode_html(ep: Episode, tok: Tokenizer, adv, scale: float, max_turns: int, caption: str) -> str:
+    """One episode token by token, a line per turn: context (observation, gate message) in grey, the policy's
+    own tokens boxed, on the colour of the turn's advantage; old log-prob and turns left in the tooltip."""
+    lines = []
+    for k, t in enumerate(ep.turns):
+        a = None if adv is None else float(adv[k])
+        acts = "".join(token(tok.itos[i], i, "act", f"policy token {tok.itos[i]} | old log-prob {lp:.4f} | turn {k}, "
+                             f"{max_turns - k} turns left | advantage {'-' if a is None else f'{a:+.3f}'}",
+                             f" style='background:{adv_colour(a, scale)}' data-logp='{lp!r}' data-adv='{a!r}'",
+                             f"<small>{lp:.2f}</small>")
+                       for i, lp in zip(t.action_tokens, t.action_logprobs))
+        gate = "" if t.gate_allowed else f"<span class='deny'>gate denied: {esc(t.gate_reason)}</span>"
+        lines.append(f"<div class='turn'><span class='k'>t{k}</span>" + "".join(token(tok.itos[i], i, "ctx")
+                     for i in t.obs_tokens) + acts + gate + f"<span class='note'>{max_turns - k} left, reward "
+                     f"{t.reward:g}" + ("" if a is None else f", advantage {a:+.2f}") + "</span></div>")
+    end = "terminated" if ep.terminated else f"truncated by {ep.truncated_by}"
+    lines.append("<div class='turn'><span class='k'>end</span>" + "".join(token(tok.itos[i], i, "ctx")
+                 for i in ep.final_obs_tokens) + f"<span class='note'><b>{end}</b>, return {ep.reward:g}</span></div>")
+    return f"<div class='episode' data-ending='{esc(end)}'><b>{esc(caption)}</b>{''.join(lines)}</div>"
+
+
+def episodes_html(policy, tok, cfg: Config, version: int, part: str = "test") -> str:
+    """Three episodes of one held-out group, a success and a failure among them where one of the first five
+    groups has both (so the advantages differ in sign), drawn under the run's credit."""
+    groups = list(held_out_groups(policy, tok, cfg, version, part, 5))
+    task_id, episodes, env_list, verdicts, credit = next(
+        (g for g in groups if len({v.success for v in g[3]}) == 2), groups[0])
+    first = [b for b, v in enumerate(verdicts) if v.success][:1] + [b for b, v in enumerate(verdicts) if not v.success][:1]
+    order = (first + [b for b in range(len(episodes)) if b not in first])[:3]
+    scale = max([abs(float(credit[b, k])) for b in order for k in range(len(episodes[b].turns))] + [1e-6]) \
+        if credit is not None else 1.0
+    legend = (f"<p class='sub'><span class='tok ctx'>context</span> prompt, observations and gate messages "
+              f"(mask 0) &nbsp; <span class='tok act'>policy<small>-0.05</small></span> the policy's own tokens (mask 1) "
+              f"with their old log-prob<br>each turn's advantage under {cfg.algo}: {-scale:+.2f}<span class='scale'></span>"
+              f"{scale:+.2f}" + ("" if credit is not None else f" ({cfg.algo} uses no advantage)") + "</p>")
+    return (f"<h2>Three episodes of the deployed policy</h2><p class='sub'>{part} task {task_id}, a group of "
+            f"{cfg.group_size} sampled episodes ({sum(v.success for v in verdicts)} solved), temperature 1</p>" + legend
+            + "".join(episode_html(episodes[b], tok, None if credit is None else credit[b], scale,
+                                   env_list[b].unwrapped.max_turns, f"episode {b}: success={verdicts[b].success}, "
+                                   f"category {verdicts[b].category}") for b in order))
+
+
+def write_report(path, policy, tok, cfg: Config, version: int, history=None, summary=None) -> Path:
+    """report.html: curves (metrics.jsonl), report card and gates (summary.json), three episodes."""
+    head = f"<p class='sub'>{esc(cfg.env)} &middot; {esc(cfg.algo)} &middot; seed {cfg.seed} &middot; run {esc(cfg.run_dir)}</p>"
+    if summary:
+        head += (f"<p>deployed: <b>{summary['deployed']['is']}</b>, test success <b>{summary['deployed']['test_success']:.3f}</b>"
+                 f" (warm start {summary['warm_start']['test_success']:.3f}), {summary['wall_seconds']} s</p>")
+    return write_page(path, page(f"agentic-rl report: {cfg.env} {cfg.algo} seed {cfg.seed}", head,
+                                 curves_html(history) if history else "", gates_html(summary) if summary else "",
+                                 episodes_html(policy, tok, cfg, version)), "--html")
+
+
+def compare_page(result: dict) -> str:
+    """compare.html: training success per iteration, the mean over seeds with their min-max band, per route,
+    and the held-out test table."""
+    curves = [(route, route, [(x, float(np.mean(col)), float(np.min(col)), float(np.max(col)))
+                              for x, col in enumerate(zip(*r["curves"]))]) for route, r in result["routes"].items()
+              if route != "warm start"]
+    chart = line_chart(f"training success per iteration, mean and spread over seeds {result['seeds']}", "success",
+                       curves, (0.0, 1.0), W=640)
+    k = f"pass^{result['config']['pass_k']}"
+    rows = [[esc(route), f"{r['test_success_mean']:.3f}", f"{r['min']:.3f}", f"{r['max']:.3f}", f"{r['pass^k_mean']:.3f}",
+             " ".join(f"{s['success']:.3f}" for s in r["per_seed"]),
+             " ".join("-" if s["first_at_0.9"] is None else str(s["first_at_0.9"]) for s in r["per_seed"]),
+             f"{r['wall_seconds_mean']:.1f}"] for route, r in result["routes"].items()]
+    return page(f"agentic-rl compare: {result['env']}",
+                f"<p class='sub'>every route: {result['iterations']} iterations x {result['episodes_per_iteration']} "
+                f"episodes from the same warm start per seed; test: {result['eval_episodes']} held-out tasks</p>",
+                f"<div class='grid'>{chart}</div><h2>Held-out test success</h2>",
+                table(["route", "mean", "min", "max", k + " mean", "per seed", "first >= 0.9 at", "wall s"], rows,
+                      [f" data-route='{esc(route)}'" for route in result["routes"]]))
+
+
+def examples_page(ex: dict) -> str:
+    """The chapter's worked examples: the mask of the 180-token episode, and the worked flight group with
+    grpo's and stepgroup's advantage of every turn side by side."""
+    cells = "".join(f"<rect x='{(i % 45) * 13}' y='{(i // 45) * 16}' width='11' height='13' rx='2' data-mask='{m}' "
+                    f"fill='{'#f46d43' if m else '#dfe3e8'}'/>" for i, m in enumerate(ex["mask"]))
+    scale = max(abs(x) for ep in ex["step_credit"] for _, g, s in ep for x in (g, s))
+    chip = lambda algo, a: (f"<span class='tok act' data-algo='{algo}' data-adv='{a!r}' style='background:"
+                            f"{adv_colour(a, scale)}'>{algo} {a:+.2f}</span>")
+    group = "".join(f"<div class='episode'><b>episode {b}</b><br>" + "".join(
+        f"<span class='cell'>t{k} <code>{esc(act)}</code><br>{chip('grpo', g)} {chip('stepgroup', s)}</span>"
+        for k, (act, g, s) in enumerate(ep)) + "</div>" for b, ep in enumerate(ex["step_credit"]))
+    return page("agentic-rl: the chapter's worked examples",
+                f"<h2>02 mask: {ex['mask_sum']} of {ex['mask_tokens']} tokens are the policy's</h2><p class='sub'>"
+                f"<span class='tok act' style='background:#f46d43'>policy</span> action tokens (in the loss) &nbsp; "
+                f"<span class='tok ctx'>context</span> task and tool observations; a row per turn</p>",
+                f"<svg width='{45 * 13}' height='{16 * math.ceil(len(ex['mask']) / 45)}'>{cells}</svg>",
+                f"<h2>03 credit on one flight group (F4 sold out)</h2><p class='sub'>returns, reward 1 at turn 4, gamma "
+                f"0.9: {ex['returns']}; GRPO on rewards [1, 0, 0, 1]: {ex['grpo_advantages']}. Below, per turn: grpo "
+                f"gives every turn its episode's number; stepgroup adds the comparison of turns taken in the same state. "
+                f"{-scale:+.2f}<span class='scale'></span>{scale:+.2f}</p>", group)
+
+
+# ------------------------------------------------------------------------------------------------
 # The command line
 # ------------------------------------------------------------------------------------------------
 def add_config_flags(parser, only=None):
@@ -2381,7 +2647,8 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser = functools.partial(sub.add_parser, allow_abbrev=False)  # --seed never silently means --seeds
     add_config_flags(sub.add_parser("demo", help="examples + warm start + GRPO + evaluation + promotion"))
-    sub.add_parser("examples", help="print the chapter's worked examples")
+    sub.add_parser("examples", help="print the chapter's worked examples").add_argument(
+        "--html", nargs="?", const="runs/examples.html", default=None, help="also draw them (default runs/examples.html)")
     add_config_flags(sub.add_parser("train", help="warm start + RL + evaluation + promotion"))
     p_eval = sub.add_parser("eval", help="evaluate a checkpoint on the holdout split")
     p_eval.add_argument("--ckpt", required=True, help="path to a .pt written by train")
@@ -2394,6 +2661,8 @@ def main(argv=None):
     p_show.add_argument("--failures", action="store_true", help="show failed episodes instead of successful ones")
     p_show.add_argument("--credit", default="", choices=("",) + PPO_CREDITS, help="the advantages of another credit "
                         "on the same episodes (gae and reinforce read the checkpoint's value head)")
+    p_show.add_argument("--html", nargs="?", const="", default=None, help="also write a report.html for the "
+                        "checkpoint (default: report.html beside it)")
     add_config_flags(p_show, only=("device",))
     p_play = sub.add_parser("play", help="play an environment yourself through the host gate (stdin)")
     add_config_flags(p_play, only=("env", "seed"))
@@ -2437,11 +2706,11 @@ def main(argv=None):
         parser.error(str(e))
     try:  # ... while a failure during the run is reported as what it is (exit 1)
         if args.command == "examples":
-            print_examples()
+            print_examples(args.html)
         elif args.command == "eval":
             print(json.dumps({"ckpt": args.ckpt, "policy_version": version, **evaluate(policy, tok, cfg, args.part)}, indent=2))
         elif args.command == "show":
-            show(args.ckpt, args.n, args.failures, args.device, credit=args.credit)
+            show(args.ckpt, args.n, args.failures, args.device, credit=args.credit, html_path=args.html)
         elif args.command == "play":
             play(args.env, args.seed, args.split)
         elif args.command == "compare":

@@ -946,6 +946,7 @@ def test_every_route_runs_two_iterations(tmp_path, algo, capsys):
     assert len(metrics) == 2 and all(set(m) == MONITOR_KEYS for m in metrics)
     assert summary["algo"] == algo and (metrics[0]["kept"] is not None) == (algo == "rs_sft")
     assert (metrics[0]["dpo_pairs"] is not None) == (algo == "dpo")
+    check_report(tmp_path / algo, route_has_advantages=algo in A.PPO_CREDITS)  # each route's own monitors drawn
 
 
 def test_denied_turns_can_be_kept_from_positive_credit():
@@ -973,11 +974,19 @@ def copy_episode(ep, suffix):
 
 def test_compare_runs_every_route_from_one_warm_start(tmp_path, capsys):
     cfg = tiny_config(iterations=1, eval_episodes=6, pass_k_tasks=2, warm_start_episodes=20, sft_epochs=1)
-    result = A.compare(cfg, [0], ["grpo", "dpo"], out=str(tmp_path), progress=False)
+    result = A.compare(cfg, [0, 1], ["grpo", "dpo"], out=str(tmp_path), progress=False)
     saved = json.loads((tmp_path / "compare.json").read_text())
     assert set(saved["routes"]) == {"warm start", "grpo", "dpo"} == set(result["routes"])
     assert saved["routes"]["grpo"]["env_episodes"] == saved["routes"]["dpo"]["env_episodes"] == 16
     assert len(saved["routes"]["grpo"]["curves"][0]) == 1
+    page = self_contained(tmp_path / "compare.html")       # compare.html: the mean and spread of each route's curves
+    drawn, rows = drawn_series(page), {e["data-route"]: page.inside(e, "td") for e in page.elements if "data-route" in e}
+    for route in ("grpo", "dpo"):
+        curves = np.array(saved["routes"][route]["curves"])                                # (seeds, iterations)
+        assert [(x, y, float(c["data-lo"]), float(c["data-hi"])) for x, y, _, c in drawn[route]] == \
+            [(x, float(np.mean(col)), float(np.min(col)), float(np.max(col))) for x, col in enumerate(curves.T)]
+    for route, r in saved["routes"].items():
+        assert [td["text"] for td in rows[route][:4]] == [route] + [f"{r[k]:.3f}" for k in ("test_success_mean", "min", "max")]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1389,6 +1398,134 @@ def test_a_trip_needs_twelve_decisions_and_each_leg_its_own_check():
                 decisions.append(n)
                 sold_out[verdict.category] += 1
     assert min(decisions) >= 12 and len(sold_out) >= 3
+
+
+# ------------------------------------------------------------------------------------------------
+# Pictures: report.html, compare.html and examples --html draw exactly the records, and nothing else
+# ------------------------------------------------------------------------------------------------
+class Page(__import__("html.parser").parser.HTMLParser):
+    """Every element of a page: its tag, attributes, all the text inside it and its open ancestors."""
+
+    def __init__(self, text):
+        super().__init__()
+        self.elements, self.open = [], []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append({"tag": tag, **dict(attrs), "text": "", "in": list(self.open)})
+        if tag not in ("meta", "br"):
+            self.open.append(self.elements[-1])
+
+    def handle_startendtag(self, tag, attrs):
+        self.elements.append({"tag": tag, **dict(attrs), "text": "", "in": list(self.open)})
+
+    def handle_endtag(self, tag):
+        while self.open and self.open.pop()["tag"] != tag:
+            pass
+
+    def handle_data(self, data):
+        for el in self.open:
+            el["text"] += data
+
+    def inside(self, parent, tag):
+        return [e for e in self.elements if e["tag"] == tag and any(a is parent for a in e["in"])]
+
+
+def self_contained(path) -> Page:
+    """The page opens from disk alone: no script, no link or source but a '#' anchor, nothing fetched."""
+    text = Path(path).read_text()
+    page = Page(text)
+    assert "http" not in text.lower() and "<script" not in text and "url(" not in text and "@import" not in text
+    assert all(e[a].startswith("#") for e in page.elements for a in ("src", "href") if a in e)
+    return page
+
+
+def drawn_series(page) -> dict:
+    """data-key -> the points of its line, [(x, y, cy, circle)], as drawn."""
+    return {g["data-key"]: [(int(c["data-x"]), float(c["data-y"]), float(c["cy"]), c) for c in page.inside(g, "circle")]
+            for g in page.elements if g["tag"] == "g" and "data-key" in g}
+
+
+def check_heights(points):
+    """A larger value is drawn higher (smaller cy), an equal one at the same height."""
+    for _, y1, cy1, _ in points:
+        for _, y2, cy2, _ in points:
+            assert (y1 > y2) == (cy1 < cy2) and (y1 == y2) == (cy1 == cy2)
+
+
+def check_report(run_dir, route_has_advantages=True):
+    """report.html against the run's own files: every plotted point is its metrics.jsonl value, every gate and
+    report-card line is summary.json's, and the policy tokens' log-probs are the deployed policy's own."""
+    page = self_contained(run_dir / "report.html")
+    metrics = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    series = drawn_series(page)
+    for key in ("success", "dev_success", "clip_frac", "approx_kl", "entropy", "zero_std_groups", "explained_variance",
+                "kl_ref", "kept", "dpo_loss"):
+        measured = [(m["iteration"], m[key]) for m in metrics if m.get(key) is not None]
+        assert [(x, y) for x, y, _, _ in series.get(key, [])] == measured, key
+        check_heights(series.get(key, []))
+    for key, points in series.items():
+        if key.startswith("truncated_by."):
+            assert [(x, y) for x, y, _, _ in points] == [(m["iteration"], m["truncated_by"].get(key[13:], 0)) for m in metrics]
+    assert ("truncated_by" in series) == (not any(m["truncated_by"] for m in metrics))
+    gates = [e for e in page.elements if "data-gate" in e]
+    assert [g["data-gate"] for g in gates] == [g["gate"] for g in summary["release_gates"]]
+    for row, gate in zip(gates, summary["release_gates"]):
+        cells = [td["text"] for td in page.inside(row, "td")]
+        assert cells[:3] == [gate["gate"], gate["value"], gate["rule"]] and cells[5] == ("pass" if gate["passed"] else "FAIL")
+        for cell, number in zip(cells[3:5], (gate["observed"], gate["limit"])):
+            assert cell == "\u2013" if number is None else float(cell) == pytest.approx(number, rel=1e-3, abs=1e-12)
+    reports = summary["reports"]
+    for row in (e for e in page.elements if "data-row" in e and e["data-row"] in ("success", "mean_turns", "safety_denials")):
+        cells = [td["text"] for td in page.inside(row, "td")][2:]
+        want = [reports[who][part][row["data-row"]] for part in ("dev", "test") for who in ("incumbent", "candidate")]
+        assert cells == [f"{v:.3f}" if isinstance(v, float) else str(v) for v in want]
+    policy, tok, _, _ = A.load_checkpoint(run_dir / "final.pt", "cpu")
+    episodes = [e for e in page.elements if e["tag"] == "div" and e.get("class") == "episode"]
+    assert len(episodes) == min(3, summary["config"]["group_size"])
+    for ep in episodes:
+        assert ep["data-ending"] in ["terminated"] + [f"truncated by {c}" for c in A.CUTS]
+        spans = [s for s in page.inside(ep, "span") if "data-id" in s]
+        assert all(s["text"].startswith(tok.itos[int(s["data-id"])]) for s in spans)
+        ids = torch.tensor([[int(s["data-id"]) for s in spans]])
+        with torch.no_grad():
+            logp = torch.log_softmax(policy(ids)[0][0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+        acts = [(p, s) for p, s in enumerate(spans) if "act" in s["class"]]
+        assert acts and all(float(s["data-logp"]) == pytest.approx(float(logp[p - 1]), abs=2e-4) for p, s in acts)
+        for _, s in acts:
+            if not route_has_advantages:
+                assert s["data-adv"] == "None"
+                continue
+            r, _, b = (int(c) for c in s["style"].split("rgb(")[1].rstrip(")").split(","))
+            a = float(s["data-adv"])
+            assert (a > 0) <= (r > b) and (a < 0) <= (b > r)
+
+
+def test_report_html_draws_the_records_and_changes_no_random_state(tmp_path, capsys):
+    summary, metrics = small_run(tmp_path, "r", eval_every=2, warm_start_episodes=300)  # some success: signs to draw
+    assert metrics[1]["dev_success"] is not None and "report.html" in capsys.readouterr().out
+    check_report(tmp_path / "r")
+    states = lambda: (torch.get_rng_state(), np.random.get_state()[1].tolist(), __import__("random").getstate())
+    policy, tok, cfg, version = A.load_checkpoint(tmp_path / "r" / "final.pt", "cpu")
+    before = states()
+    A.write_report(tmp_path / "alone" / "report.html", policy, tok, cfg, version)  # no records: the episodes only
+    assert all(torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(before, states()))
+    assert (tmp_path / "alone" / "report.html").read_text().count("class='episode'") == 3
+    A.main(["show", "--ckpt", str(tmp_path / "r" / "final.pt"), "--n", "1", "--html"])  # default: beside the checkpoint
+    check_report(tmp_path / "r")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match="--html"):
+        A.main(["examples", "--html", str(tmp_path / "file" / "examples.html")])
+
+
+def test_examples_html_draws_the_worked_mask_and_group(tmp_path, capsys):
+    A.main(["examples", "--html", str(tmp_path / "ex.html")])
+    page = self_contained(tmp_path / "ex.html")
+    mask = [int(e["data-mask"]) for e in page.elements if "data-mask" in e]
+    assert len(mask) == 180 and sum(mask) == 60
+    chips = [(e["data-algo"], float(e["data-adv"])) for e in page.elements if "data-algo" in e]
+    assert chips == [(algo, a) for ep in A.worked_group() for _, g, s in ep for algo, a in (("grpo", g), ("stepgroup", s))]
 
 
 # ------------------------------------------------------------------------------------------------
