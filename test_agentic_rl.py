@@ -340,7 +340,7 @@ def first_iteration_metrics(seed):
     A.seed_everything(seed)
     policy = A.make_policy(cfg, len(TOK), "cpu")
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
-    return one_iteration(policy, opt, cfg)
+    return {k: v for k, v in one_iteration(policy, opt, cfg).items() if k != "learner_seconds"}  # the clock's own
 
 
 def test_same_seed_same_first_iteration_metrics():
@@ -2717,12 +2717,26 @@ def fork_server(control_fd: int):
             send(control, {"killed": kill_all(req["uid"])})
 
 
-SERVER_IMPORTS = (  # what a worker can import even where the sandbox user cannot read Python's own files
+SERVER_IMPORTS = (  # with project_imports(): what a worker can import where the sandbox user cannot read Python's files
     "import argparse, bisect, collections, concurrent.futures, contextlib, copy, ctypes, dataclasses, decimal, enum, "
     "fractions, functools, hashlib, heapq, inspect, io, itertools, json, math, operator, os, pathlib, queue, random, re, "
     "resource, signal, socket, statistics, string, struct, sys, textwrap, threading, time, types, typing, warnings\n"
     "from dataclasses import fields, is_dataclass\nimport numpy as np, torch, torch.nn, torch.nn.functional, gymnasium, "
     "gymnasium.spaces, gymnasium.vector.utils, gymnasium.wrappers, tqdm, pytest")
+
+
+def project_imports() -> str:
+    """`import` lines for every module the project's own files import (their dependencies and the
+    standard library modules they use): the fork server imports them before any worker exists."""
+    import ast
+    names = set()
+    for name in ("agentic_rl.py", "envs.py"):
+        for node in ast.walk(ast.parse((REPO / name).read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names.add(node.module)
+    return "\n".join(f"import {n}" for n in sorted(names - {"__future__", "agentic_rl", "envs", "test_agentic_rl"}))
 
 
 class GradeTimeout(Exception):
@@ -2757,7 +2771,7 @@ class Sandbox:
         else:
             self.note += f", user {os.getuid()} (not root: the student's code runs as you, unsandboxed)"
         ours, theirs = socket.socketpair()
-        code = "\n".join([SERVER_IMPORTS] + [inspect.getsource(f) for f in (send, receive, to_wire, from_wire, serve,
+        code = "\n".join([SERVER_IMPORTS, project_imports()] + [inspect.getsource(f) for f in (send, receive, to_wire, from_wire, serve,
                                                                            worker, below, kill_all, fork_server)] +
                          [f"fork_server({theirs.fileno()})"])
         env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith(("OMP_", "MKL_", "OPENBLAS_", "LC_", "LANG"))}
