@@ -20,6 +20,8 @@ vocabulary is closed, one word = one token) and learned reward models (the verif
 The file is a reader's path in three parts:
     Part I   · the loop     01 contracts, 02 masks, 03 credit, 04 objectives, 05 policy and learner,
                             07 evaluation and release gates, then train(): readable on its own
+             (06, reading a paper's number, has no code of its own: it lives in the README as measured
+             miniatures, each a train or eval command of this file run on seeds 0, 1, 2, so 00-07 is whole)
     Part II  · the system   checks, devices, torchrun and the async actor, the transformer,
                             checkpoints, run directories, resume, the report card, monitors
     Part III · the tools    examples, show, play, compare, bench, pictures (report.html), the CLI
