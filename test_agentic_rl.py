@@ -3657,8 +3657,8 @@ def test_a_detached_child_is_killed_and_answers_written_late_are_ignored_even_wi
 
 
 def test_whatever_a_submission_holds_it_gets_a_valid_results_json(tmp_path, capsys):
-    cases = {"deep": {"answers.json": "[" * 100_000}, "links": {"agentic_rl.py": REPO / "agentic_rl.py"},
-             "special": {"answers.json": "dir", "envs.py": "fifo"}, "huge": {"envs.py": "#" * (5 << 20)}}
+    cases = {"deep": {"answers.json": "[" * 100_000, "agentic_rl.py": REPO / "agentic_rl.py", "envs.py": "#" * (5 << 20)},
+             "special": {"answers.json": "dir", "envs.py": "fifo"}}
     for case, files in cases.items():
         submission = tmp_path / case
         write_handout(submission, only=["sign_test", "permission_rule"])
@@ -3678,10 +3678,9 @@ def test_whatever_a_submission_holds_it_gets_a_valid_results_json(tmp_path, caps
         out = json.loads(results.read_text())
         assert code == 1 and out["score"] == 0 and len(out["tests"]) == 6, (case, out)
         text = printed + json.dumps(out)
-        expected = {"deep": "not valid JSON", "links": "agentic_rl.py is a symbolic link",
-                    "special": "envs.py is a special file", "huge": "envs.py is over 4 MiB"}[case]
-        assert expected in text, (case, text[-1500:])
-    assert "answers.json is a directory" in json.dumps(json.loads((tmp_path / "special.json").read_text()))
+        expected = {"deep": ["not valid JSON", "agentic_rl.py is a symbolic link", "envs.py is over 4 MiB"],
+                    "special": ["envs.py is a special file", "answers.json is a directory"]}[case]
+        assert all(e in text for e in expected), (case, text[-1500:])
 
 
 def test_limits_are_checked_up_front_and_a_memory_hog_is_stopped(tmp_path, capsys):
@@ -3707,14 +3706,15 @@ def test_hidden_inputs_come_from_the_course_secret():
     assert hidden_seed_of("") == 0 and hidden_seed_of(None) == 0
 
 
-def test_a_rerun_reproduces_a_real_record_and_not_a_made_up_one(tmp_path, capsys):
+def test_a_rerun_reproduces_a_real_record_and_not_a_made_up_one(tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     A.main(["train", "--run-dir", str(run), *TINY_FLAGS])
     record = run_record(run)
-    assert rerun(record, 300) == (record["summary"]["candidate"]["dev_success"],) * 2
-    record["summary"]["candidate"]["dev_success"] = 1.0 - record["summary"]["candidate"]["dev_success"]
-    recorded, again = rerun(record, 300)
-    assert abs(recorded - again) > RERUN_TOLERANCE
+    assert rerun(record, 300) == (record["summary"]["candidate"]["dev_success"],) * 2, "a real record reproduces"
+    answers = {"clock": {"runs": {k: [record] * 3 for k in CLOCK_SETTINGS}}}
+    for recorded, again, status in [(0.5, 0.5 + RERUN_TOLERANCE, "passed"), (1.0, 0.0, "wrong")]:
+        monkeypatch.setattr(sys.modules[__name__], "rerun", lambda r, s: (recorded, again))
+        assert rerun_check(answers, 60)["status"] == status
 
 
 def test_experiments_are_graded_on_the_runs_own_records():
