@@ -3228,7 +3228,7 @@ apt-get update && apt-get install -y python3 python3-pip
 cd /autograder/source
 flags=""   # pip 23.0+ guards the system's packages; Ubuntu 22.04's pip 22.0.2 neither needs nor knows the flag
 if python3 -m pip install --help | grep -q -- --break-system-packages; then flags="--break-system-packages"; fi
-python3 -m pip install $flags torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+python3 -m pip install $flags torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu   # has Python 3.10 wheels
 python3 -m pip install $flags -r requirements.txt
 id -u agentic_rl_student >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin agentic_rl_student
 chmod -R go-rwx /autograder/source   # the sandbox user cannot read the grader, its checks or its secret
