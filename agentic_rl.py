@@ -1365,7 +1365,7 @@ def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
                 hand_over((collect(actor, tok, cfg, v, it, rank, generator), time.time() - t))
         except BaseException as e:  # hand the failure to the learner instead of dying silently
             hand_over(e)
-    thread = threading.Thread(target=work, daemon=True)
+    thread = threading.Thread(target=work, daemon=True, name="async-actor")
     thread.start()
     try:
         for _ in range(start, cfg.iterations):
@@ -1604,14 +1604,16 @@ def load_checkpoint(path, device):
 def atomic_write(path, write):
     """Write to a temporary file beside `path`, then rename: a crash, a Ctrl-C or a full disk never
     leaves a half-written checkpoint or summary where a good one was, nor a stray temporary file."""
+    import tempfile
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)  # new, never a planted link
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             write(f)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -1628,8 +1630,13 @@ def writable_dir(path, flag: str) -> Path:
 RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt", "report.html")
 
 
+def run_files(run: Path, name: str) -> list:
+    """A run file and what an interrupted atomic_write left of it (NAME.*.tmp)."""
+    return [p for p in [run / name, *run.glob(f"{name}.*tmp")] if p.exists()] if run.is_dir() else []
+
+
 def holds_a_run(run: Path) -> list:
-    return [name for name in RUN_FILES if (run / name).exists() or (run / (name + ".tmp")).exists()]
+    return [name for name in RUN_FILES if run_files(run, name)]
 
 
 def prepare_run_dir(cfg: Config) -> Path:
@@ -1649,8 +1656,8 @@ def prepare_run_dir(cfg: Config) -> Path:
     try:
         run.mkdir(parents=True, exist_ok=True)
         for name in old:
-            for f in (name, name + ".tmp"):
-                (run / f).unlink(missing_ok=True)
+            for f in run_files(run, name):
+                f.unlink(missing_ok=True)
         atomic_write(run / "metrics.jsonl", lambda f: None)  # fail now, not after training, if it is not writable
     except OSError as e:
         raise ValueError(f"run_dir={run}: cannot write there ({e.strerror})") from None

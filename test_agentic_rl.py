@@ -1136,10 +1136,9 @@ def test_each_environment_has_its_own_warm_start_length():
 
 def test_an_interrupted_async_run_stops_its_actor_and_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
     import threading
-    before = threading.active_count()
     interrupted_run(monkeypatch, 2, tiny_config(run_dir=str(tmp_path / "async"), iterations=3, eval_episodes=10,
                                                 pass_k_tasks=4, async_rollout=True, max_staleness=1))
-    assert threading.active_count() == before, "the actor thread was joined"
+    assert "async-actor" not in [t.name for t in threading.enumerate()], "the actor thread was joined"
     assert not list((tmp_path / "async").glob("*.tmp"))
 
     def failing(f):
@@ -1147,11 +1146,11 @@ def test_an_interrupted_async_run_stops_its_actor_and_leaves_no_temporary_file(t
         raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
         A.atomic_write(tmp_path / "state.pt", failing)
-    assert not (tmp_path / "state.pt").exists() and not (tmp_path / "state.pt.tmp").exists()
+    assert not (tmp_path / "state.pt").exists() and not list(tmp_path.glob("state.pt*tmp"))
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "state.pt.tmp").write_text("left by a crash")
+    (tmp_path / "run" / "state.pt.x1y2.tmp").write_text("left by a crash")
     A.prepare_run_dir(tiny_config(run_dir=str(tmp_path / "run"), overwrite=True))
-    assert not (tmp_path / "run" / "state.pt.tmp").exists()
+    assert not list((tmp_path / "run").glob("state.pt*tmp"))
 
 
 def test_bad_checkpoints_and_state_files_are_refused_with_a_reason(tmp_path):
@@ -1603,7 +1602,7 @@ def with_grad(fn, wrt, *args):
 
 @check("mask")
 def mask_golden_two_turn_episode(m):
-    o, a, e, pad = TOK.obs, TOK.act, TOK.eoa, TOK.pad
+    o, a, e = TOK.obs, TOK.act, TOK.eoa
     ep = make_episode(turns=[make_turn([o, 10, 11, a], [20, 21, e], [-0.1, -0.2, -0.3]),
                              make_turn([o, 12, a], [22, e], [-0.4, -0.5], reward=1.0, terminated=True)])
     ep.final_obs_tokens = [o, 13, a]
@@ -2028,7 +2027,7 @@ def clock_numbers_are_the_runs_own_records(answers, key):
 
 @check("silent_bug", table=EXPERIMENT_CHECKS)
 def silent_bug_answer_names_a_bug_and_carries_six_runs(answers, key):
-    named, evidence = answers.get("silent_bug"), str(answers.get("silent_bug_evidence", ""))
+    named, evidence = answers.get("silent_bug"), str(answers.get("silent_bug_evidence", ""))[:5000]
     assert isinstance(named, str) and named.strip(), "answers.json: silent_bug must name the bug you found"
     assert len(evidence.split()) >= 20 and any(k in evidence for k in MONITOR_KEYS) and re.search(r"\d", evidence), \
         "answers.json: silent_bug_evidence must be at least 20 words that cite a metric of metrics.jsonl (e.g. " \
@@ -2077,7 +2076,7 @@ def silent_bug_evidence_is_the_runs_numbers_and_they_show_the_bug(answers, key):
     written) of a metric it names, read from that seed's records; and the planted bug's signature is in
     the records of its environment on two seeds of three."""
     silent_bug_answer_names_a_bug_and_carries_six_runs(answers, key)
-    evidence, runs = answers["silent_bug_evidence"], answers["silent_bug_runs"]
+    evidence, runs = str(answers["silent_bug_evidence"])[:5000], answers["silent_bug_runs"]
     cited, written = [k for k in MONITOR_KEYS if re.search(rf"\b{k}\b", evidence)], numbers_in(evidence)
     for seed in range(3):
         values = [v for i in (seed, seed + 3) for k in cited for v in [m.get(k) for m in runs[i]["metrics"]] +
@@ -2341,6 +2340,8 @@ SILENT_BUGS = {  # id -> (what a reader would call it, the function, the line as
 }
 HANDOUT_FILES = ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "README.md", "requirements.txt", ".ci/run")
 STRIPPED = {"test_agentic_rl.py": "# {} GRADER ONLY", "README.md": "<!-- {} ANSWER -->"}  # regions kept from handouts
+MAX_REPLY_BYTES = 8 << 20           # a worker's reply; a check's message keeps MAX_MESSAGE characters of it
+MAX_MESSAGE = 4000
 SANDBOX_USER = "agentic_rl_student"   # made by the bundle's setup.sh; as root elsewhere, `nobody` stands in
 MEMORY_LIMIT = 2 << 30                # bytes of address space a worker may add to what torch already maps
 
@@ -2536,11 +2537,16 @@ def send(sock, message):
     sock.sendall(struct.pack("!Q", len(data)) + data)
 
 
-def receive(sock, limit: int):
-    """The next frame's message, or None when the other side is gone."""
+def receive(sock, limit: int, deadline=None):
+    """The next frame's message, or None when the other side is gone; with a deadline (time.monotonic),
+    TimeoutError once it passes, however slowly the bytes drip in."""
+    def recv(n):
+        if deadline is not None:
+            sock.settimeout(max(0.0, deadline - time.monotonic()) or 1e-6)
+        return sock.recv(n)
     head = b""
     while len(head) < 8:
-        chunk = sock.recv(8 - len(head))
+        chunk = recv(8 - len(head))
         if not chunk:
             return None
         head += chunk
@@ -2548,7 +2554,7 @@ def receive(sock, limit: int):
     if size > limit:
         raise ValueError(f"a frame of {size} bytes (at most {limit})")
     while len(data) < size:
-        chunk = sock.recv(min(size - len(data), 1 << 20))
+        chunk = recv(min(size - len(data), 1 << 20))
         if not chunk:
             return None
         data += chunk
@@ -2600,8 +2606,9 @@ def serve(sock, callbacks):
 
 def worker(sock, out_fd: int, req: dict):
     """One exercise's process, set up before any student code runs: a session of its own, output to the
-    grader's drain, no other descriptor; as root: no network (where the platform allows a namespace),
-    a cap on processes, the sandbox user; a memory limit; a clean environment. Then serve()."""
+    grader's drain, no other descriptor; as root (where the platform allows namespaces): no network,
+    its own small /tmp, /var/tmp, /dev/shm and /run/lock that vanish with it, its folder read-only; a
+    cap on processes, the sandbox user; a memory limit; a clean environment. Then serve()."""
     import ctypes
     import resource
     try:
@@ -2611,9 +2618,21 @@ def worker(sock, out_fd: int, req: dict):
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.closerange(3, sock.fileno())
         os.closerange(sock.fileno() + 1, 1 << 16)
-        network = "shared"
+        folder, network, tmp = req["folder"], "shared", "shared"
+        os.chdir(folder)
         if os.getuid() == 0 and req["uid"] is not None:
-            network = "none" if ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0 else network  # CLONE_NEWNET
+            libc = ctypes.CDLL(None, use_errno=True)
+            network = "none" if libc.unshare(0x40000000) == 0 else network           # CLONE_NEWNET
+            if libc.unshare(0x20000) == 0 and libc.mount(b"none", b"/", None, 0x44000, None) == 0:  # NEWNS; private
+                for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):          # its own, small and gone after
+                    if os.path.isdir(d) and libc.mount(b"tmpfs", d.encode(), b"tmpfs", 0, b"size=64m,mode=1777"):
+                        raise OSError(f"tmpfs on {d}: errno {ctypes.get_errno()}")
+                os.mkdir("/tmp/work", 0o755)                                     # its folder, seen read-only
+                if libc.mount(b".", b"/tmp/work", None, 0x1000, None) or \
+                        libc.mount(b"none", b"/tmp/work", None, 0x1000 | 0x20 | 0x1, None):  # BIND; REMOUNT, RDONLY
+                    raise OSError(f"binding the folder: errno {ctypes.get_errno()}")
+                folder, tmp = "/tmp/work", "private"
+                os.chdir(folder)
             resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
             os.setgroups([])
             os.setgid(req["gid"])
@@ -2622,11 +2641,10 @@ def worker(sock, out_fd: int, req: dict):
         resource.setrlimit(resource.RLIMIT_AS, (mapped + req["memory"],) * 2)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 26,) * 2)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        os.chdir(req["folder"])
-        sys.path.insert(0, req["folder"])
+        sys.path.insert(0, folder)
         os.environ.clear()
-        os.environ.update(HOME=req["folder"], PATH="/usr/bin:/bin", TMPDIR=req["folder"])
-        send(sock, {"sandbox": {"uid": os.getuid(), "network": network}})
+        os.environ.update(HOME=folder, PATH="/usr/bin:/bin", TMPDIR="/tmp")
+        send(sock, {"sandbox": {"uid": os.getuid(), "network": network, "tmp": tmp}})
     except BaseException as e:                         # the grader's failure, reported as such
         send(sock, {"setup_failed": f"{type(e).__name__}: {e}"})
         os._exit(0)
@@ -2770,6 +2788,15 @@ class Sandbox:
                 self.note += f" (warning: it can read {REPO}; chmod -R go-rwx it, as the bundle's setup.sh does)"
         else:
             self.note += f", user {os.getuid()} (not root: the student's code runs as you, unsandboxed)"
+        self.lock = None
+        if self.uid:   # kill_all kills every process of the sandbox user: one grading as root at a time
+            import fcntl
+            self.lock = os.open("/run/agentic-rl-grade.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print("another grading runs as the sandbox user; waiting for it to finish", file=sys.stderr)
+                fcntl.flock(self.lock, fcntl.LOCK_EX)
         ours, theirs = socket.socketpair()
         code = "\n".join([SERVER_IMPORTS, project_imports()] + [inspect.getsource(f) for f in (send, receive, to_wire, from_wire, serve,
                                                                            worker, below, kill_all, fork_server)] +
@@ -2806,6 +2833,8 @@ class Sandbox:
         finally:
             self.control.close()
             self.proc.wait(timeout=30)
+            if self.lock is not None:
+                os.close(self.lock)                   # and with it the lock
 
 
 def readable_by_others(path: Path) -> bool:
@@ -2819,7 +2848,7 @@ class Worker:
     student's code asks of another exercise is answered here."""
 
     def __init__(self, sandbox: Sandbox, folder, callbacks, deadline: float):
-        self.sandbox, self.deadline, self.tail = sandbox, deadline, bytearray()
+        self.sandbox, self.deadline, self.tail, self.callbacks = sandbox, deadline, bytearray(), callbacks
         fds, reply = sandbox.request(op="fork", folder=str(folder), uid=sandbox.uid and sandbox.uid[0],
                                      gid=sandbox.uid and sandbox.uid[1], memory=sandbox.memory, callbacks=callbacks)
         if len(fds) != 2 or not reply:
@@ -2831,7 +2860,7 @@ class Worker:
             setup = self._receive()
             if "sandbox" not in setup:
                 raise GraderFailure(f"the worker could not be set up ({setup.get('setup_failed', setup)})")
-            sandbox.network = setup["sandbox"]["network"]
+            sandbox.network = f"network {setup['sandbox']['network']}, tmp {setup['sandbox']['tmp']}"
             self.ready = self._receive()
         except BaseException:
             self.close()
@@ -2847,9 +2876,10 @@ class Worker:
 
     def _receive(self) -> dict:
         while True:
-            self.sock.settimeout(max(1e-3, self.deadline - time.monotonic()))
+            if time.monotonic() >= self.deadline:
+                raise GradeTimeout()
             try:
-                reply = receive(self.sock, 1 << 26)
+                reply = receive(self.sock, MAX_REPLY_BYTES, self.deadline)
             except TimeoutError:
                 raise GradeTimeout() from None
             except (OSError, ValueError, RecursionError) as e:
@@ -2860,6 +2890,9 @@ class Worker:
                 raise WorkerGone("it sent a malformed reply")
             if "callback" not in reply:
                 return reply
+            if reply["callback"] not in self.callbacks:
+                raise WorkerGone(f"it asked the grader for {str(reply['callback'])[:40]!r}, which this exercise "
+                                 "may not ask for")
             try:
                 send(self.sock, {"value": reference_value(reply["callback"], reply.get("args"))})
             except (ValueError, TypeError) as e:
@@ -2867,7 +2900,10 @@ class Worker:
 
     def value(self, **request):
         try:
+            self.sock.settimeout(max(1e-3, self.deadline - time.monotonic()))
             send(self.sock, request)
+        except TimeoutError:
+            raise GradeTimeout() from None
         except OSError:
             raise WorkerGone(f"last output: {self.printed() or '(none)'}") from None
         reply = self._receive()
@@ -2891,8 +2927,9 @@ def reference_value(name, args):
     """The one reference piece a worker may ask for (promotion calls sign_test_p): its value for the
     student's arguments, computed here; the code never crosses."""
     if name != "sign_test_p" or not (isinstance(args, list) and len(args) == 2 and
-                                     all(type(x) is int and 0 <= x <= 10_000 for x in args)):
-        raise ValueError("the grader answers sign_test_p(wins, losses) with ints in [0, 10000], nothing else")
+                                     all(type(x) is int and x >= 0 for x in args) and sum(args) <= 2_500):
+        raise ValueError("the grader answers sign_test_p(wins, losses) for ints >= 0 with wins + losses <= 2500 "
+                         "(an evaluation holds at most 2500 dev tasks), nothing else")
     return A.sign_test_p(*args)
 
 
@@ -2979,8 +3016,8 @@ def files_for(ex: str, submission: dict):
         if problem is None:
             try:
                 compile(text, name, "exec")
-            except (SyntaxError, ValueError) as e:
-                problem = f"{type(e).__name__}: {e}"
+            except Exception as e:            # SyntaxError, and what a pathological file makes of the compiler
+                problem = f"{type(e).__name__}: {str(e)[:300]}"
         if problem and name == EXERCISE_FILE[ex]:
             return f"{name} cannot be graded: {problem}"
         files[name] = handout_text(name) if problem else text
@@ -3012,7 +3049,15 @@ def run_check(check, *args) -> tuple:
         check(*args)
         return "passed", ""
     except Exception as e:
-        return verdict(e)
+        status, message = verdict(e)
+        return status, printable(message)
+
+
+def printable(text: str) -> str:
+    """A message as the TA's terminal and results.json should show it: control characters escaped (no
+    student can clear a screen or fake a total), at most MAX_MESSAGE characters."""
+    text = "".join(c if c in "\n\t" or c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + f" ... ({len(text) - MAX_MESSAGE} more characters)"
 
 
 def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
@@ -3026,9 +3071,8 @@ def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
         else:
             for name, text in files.items():
                 (folder / name).write_text(text)
-            if sandbox.uid:
-                for path in (folder, *folder.iterdir()):
-                    os.chown(path, *sandbox.uid)
+                os.chmod(folder / name, 0o644)
+            os.chmod(folder, 0o755)                   # readable by the worker, not writable
             try:
                 worker = Worker(sandbox, folder, CALLBACKS.get(ex, []), time.monotonic() + seconds)
                 if "raised" in worker.ready:
@@ -3043,7 +3087,7 @@ def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
                 continue
             done = row["checks"]
             if trouble:
-                status, message = trouble
+                status, message = trouble[0], printable(trouble[1])
             elif done and done[-1]["status"] in ("time limit", "memory limit"):
                 status, message = done[-1]["status"], "not run: an earlier check of this exercise hit the limit"
             else:
@@ -3098,7 +3142,7 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
                 report[ex]["checks"].append({"name": name, "hidden": hidden, "status": status, "message": message})
     if rerun_seconds and "clock" in report and report["clock"]["checks"][1]["status"] == "passed":
         report["clock"]["checks"].append(rerun_check(answers, rerun_seconds))
-    report["~sandbox"] = f"{sandbox.note}, network {getattr(sandbox, 'network', 'unknown')}"
+    report["~sandbox"] = f"{sandbox.note}, {getattr(sandbox, 'network', 'no worker started')}"
     return report
 
 
@@ -3289,7 +3333,8 @@ def course_main(argv):
     p_hw.add_argument("--silent-bug", default=None, choices=("random",) + tuple(SILENT_BUGS),
                       help="plant one of the silent bugs (E8); with --hidden-seed each handout's answers.json names "
                            "it to the grader only")
-    p_hw.add_argument("--hidden-seed", default=None, help="the course's secret: hidden inputs, handout ids")
+    p_hw.add_argument("--hidden-seed", default=None, help="the course's secret: hidden inputs, handout ids (or set "
+                      "AGENTIC_RL_HIDDEN_SEED: every user of a machine can read a command line)")
     p_grade = sub.add_parser("grade", help="grade a submission in a sandbox against this installation's checks",
                              allow_abbrev=False)
     p_grade.add_argument("dir", nargs="?", default=".", help="the submission directory (default: here)")
@@ -3297,10 +3342,12 @@ def course_main(argv):
     p_grade.add_argument("--json", default=None, help="also write Gradescope's results.json here")
     p_grade.add_argument("--time-limit", type=float, default=60.0, help="seconds per exercise (default 60)")
     p_grade.add_argument("--silent-bug", default=None, choices=tuple(SILENT_BUGS), help="the bug planted in the handout")
-    p_grade.add_argument("--hidden-seed", default=None, help="the course's secret (the bundle keeps it)")
+    p_grade.add_argument("--hidden-seed", default=None, help="the course's secret (the bundle keeps it; or set "
+                         "AGENTIC_RL_HIDDEN_SEED, which a student's code cannot read, unlike a command line)")
     p_grade.add_argument("--rerun", type=float, default=0.0, help="seconds for E3's audit: one of its runs, chosen at "
                          f"random, trained again here (dev success within {RERUN_TOLERANCE}); 0 = off")
     args = parser.parse_args(argv)
+    args.hidden_seed = args.hidden_seed or os.environ.get("AGENTIC_RL_HIDDEN_SEED")
     only = args.only.split(",") if args.only else None
     t = time.time()
     try:
@@ -3595,8 +3642,8 @@ def alive_as(uid: int) -> list:
 
 @pytest.mark.skipif(os.getuid() != 0, reason="the sandbox user needs a grader running as root (as on Gradescope)")
 def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_path):
-    source, submission, results, record = installation(tmp_path), tmp_path / "sub", tmp_path / "results.json", \
-        Path(tempfile.mkdtemp()) / "record.txt"
+    source, submission, results = installation(tmp_path), tmp_path / "sub", tmp_path / "results.json"
+    record = Path(tempfile.mkdtemp(dir="/run")) / "record.txt"   # outside the worker's private /tmp: our window
     os.chmod(record.parent, 0o777)
     write_handout(submission, only=["returns", "kl_k3"])
     fill(submission / "agentic_rl.py", "returns", ["G, out = 0.0, []", "for r_k in reversed([float(x) for x in r]):",
@@ -3625,6 +3672,7 @@ def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_pat
     lines = {normalized(line) for line in reference.splitlines() if len(normalized(line)) > 24}
     received = seen.decode("utf-8", "replace")
     assert b"received" in seen and not [line for line in lines if line in received], "no reference code crossed"
+    shutil.rmtree(record.parent)
     blank = tmp_path / "blank"                       # the next student, graded by the same installation
     write_handout(blank)
     course("grade", blank, "--only", "returns,silent_bug", "--json", tmp_path / "blank.json", cwd=source, check_exit=1)
@@ -3694,6 +3742,69 @@ def test_limits_are_checked_up_front_and_a_memory_hog_is_stopped(tmp_path, capsy
     fill(submission / "agentic_rl.py", "kl_k3", ["hog = bytearray(3 << 30)", "return hog"])
     report = grade(submission, only=["kl_k3"])
     assert {c["status"] for c in report["kl_k3"]["checks"]} == {"memory limit"}, report
+
+
+ASK_THE_GRADER = """import sys as _s, __main__ as _m
+_f = _s._getframe()
+while _f is not None and "sock" not in _f.f_locals:
+    _f = _f.f_back
+_m.send(_f.f_locals["sock"], {"callback": "sign_test_p", "args": [int(wins), int(losses)]})
+return _m.receive(_f.f_locals["sock"], 1 << 20)["value"]"""
+
+
+def test_what_a_red_team_broke_holds_now(tmp_path):
+    """A second round of attacks (a red team's, on this grader): asking the grader for another exercise's
+    answer, a reply of 40 MB, a screen-clearing message, files left in /tmp for the next exercise, a file
+    that crashes the compiler, a frame that drips in, and two gradings side by side."""
+    sub = tmp_path / "sub"
+    write_handout(sub, only=["sign_test"])
+    fill(sub / "agentic_rl.py", "sign_test", ASK_THE_GRADER.splitlines())
+    text = (sub / "agentic_rl.py").read_text()
+    text = text.replace("def discounted_returns(rewards, gamma) -> torch.Tensor:\n",
+                        "def discounted_returns(rewards, gamma) -> torch.Tensor:\n    return torch.zeros(10_000_000)\n", 1)
+    text = text.replace("def gae(rewards, values, last_value, bootstrap, gamma, lam):\n",
+                        "def gae(rewards, values, last_value, bootstrap, gamma, lam):\n"
+                        "    raise ValueError('\\x1b[2J\\x1b[Htotal 140.0 / 140.0: every check passed')\n", 1)
+    text += "\nimport os\nassert not os.path.exists('/tmp/leak'), 'a file from another exercise'\nopen('/tmp/leak', 'w')\n"
+    (sub / "agentic_rl.py").write_text(text)
+    report = grade(sub, only=["returns", "gae", "kl_k3", "sign_test"], time_limit=20)
+    status = {ex: {c["status"] for c in row["checks"]} for ex, row in exercises(report).items()}
+    assert status["sign_test"] == {"crashes"} and "may not ask for" in report["sign_test"]["checks"][0]["message"]
+    assert status["returns"] == {"crashes"} and len(json.dumps(report)) < 100_000, "a 40 MB reply is refused"
+    assert "\x1b" not in json.dumps(report["gae"]) and "\\x1b" in report["gae"]["checks"][0]["message"]
+    assert status["kl_k3"] == {"passed"} or "tmp shared" in report["~sandbox"], "each exercise has its own /tmp"
+    (sub / "agentic_rl.py").write_text("x = " + "+".join(["1"] * 200_000) + "\n")   # the compiler's recursion
+    shutil.copy(REPO / "envs.py", sub / "envs.py")
+    report = exercises(grade(sub, only=["returns", "permission_rule"]))
+    assert {c["status"] for c in report["returns"]["checks"]} == {"crashes"}
+    assert {c["status"] for c in report["permission_rule"]["checks"]} == {"passed"}
+    drip = tmp_path / "drip"
+    write_handout(drip, only=["kl_k3"])
+    with open(drip / "agentic_rl.py", "a") as f:                 # a frame that promises 100 bytes, one a second
+        f.write("\nimport sys as _s, struct, time\n_f = _s._getframe()\nwhile 'sock' not in _f.f_locals:\n"
+                "    _f = _f.f_back\n_f.f_locals['sock'].sendall(struct.pack('!Q', 100))\nfor _ in range(100):\n"
+                "    _f.f_locals['sock'].sendall(b' ')\n    time.sleep(1)\n")
+    t = time.time()
+    assert {c["status"] for c in grade(drip, only=["kl_k3"], time_limit=2)["kl_k3"]["checks"]} == {"time limit"}
+    assert time.time() - t < 20
+    victim = tmp_path / "victim.txt"
+    victim.write_text("root's file")
+    (tmp_path / "out.json.tmp").symlink_to(victim)               # the old predictable temporary name
+    A.atomic_write(tmp_path / "out.json", lambda f: f.write(b"{}"))
+    assert victim.read_text() == "root's file" and (tmp_path / "out.json").read_text() == "{}"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the sandbox user needs a grader running as root")
+def test_two_gradings_at_once_take_turns(tmp_path):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    for name in ("agentic_rl.py", "envs.py"):
+        shutil.copy(REPO / name, sub / name)
+    runs = [subprocess.Popen([sys.executable, "agentic_rl.py", "grade", str(sub), "--only", "returns,kl_k3,sign_test",
+                              "--json", str(tmp_path / f"{i}.json")], cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL) for i in range(2)]
+    assert [r.wait() for r in runs] == [0, 0], "each grading kills only its own workers"
+    assert [json.loads((tmp_path / f"{i}.json").read_text())["score"] for i in range(2)] == [20.0, 20.0]
 
 
 def test_hidden_inputs_come_from_the_course_secret():
