@@ -2787,7 +2787,7 @@ class Sandbox:
             if readable_by_others(REPO / "test_agentic_rl.py"):
                 self.note += f" (warning: it can read {REPO}; chmod -R go-rwx it, as the bundle's setup.sh does)"
         else:
-            self.note += f", user {os.getuid()} (not root: the student's code runs as you, unsandboxed)"
+            self.note += f", user {os.getuid()} (no sandbox user: the student's code has the grader's rights)"
         self.lock = None
         if self.uid:   # kill_all kills every process of the sandbox user: one grading as root at a time
             import fcntl
@@ -2798,9 +2798,9 @@ class Sandbox:
                 print("another grading runs as the sandbox user; waiting for it to finish", file=sys.stderr)
                 fcntl.flock(self.lock, fcntl.LOCK_EX)
         ours, theirs = socket.socketpair()
-        code = "\n".join([SERVER_IMPORTS, project_imports()] + [inspect.getsource(f) for f in (send, receive, to_wire, from_wire, serve,
-                                                                           worker, below, kill_all, fork_server)] +
-                         [f"fork_server({theirs.fileno()})"])
+        server = (send, receive, to_wire, from_wire, serve, worker, below, kill_all, fork_server)
+        code = "\n".join([SERVER_IMPORTS, project_imports(), *map(inspect.getsource, server),
+                          f"fork_server({theirs.fileno()})"])
         env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith(("OMP_", "MKL_", "OPENBLAS_", "LC_", "LANG"))}
         self.proc = subprocess.Popen([sys.executable, "-I", "-c", code], pass_fds=[theirs.fileno()], cwd="/", env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -3697,7 +3697,7 @@ def test_a_detached_child_is_killed_and_answers_written_late_are_ignored_even_wi
                 f"        while True:\n            open({str(marker)!r}, 'a').write('x')\n            time.sleep(0.05)\n"
                 f"    os._exit(0)\nwhile not os.path.exists({str(marker)!r}):\n    time.sleep(0.01)\n")
     report = grade(submission, only=["kl_k3", "clock"], user=None)
-    assert "unsandboxed" in report["~sandbox"] and "passed" not in {c["status"] for c in report["clock"]["checks"]}
+    assert "no sandbox user" in report["~sandbox"] and "passed" not in {c["status"] for c in report["clock"]["checks"]}
     assert json.loads((submission / "answers.json").read_text()) == reference_answers(), "it was written, and not read"
     size = marker.stat().st_size
     time.sleep(0.5)
