@@ -739,15 +739,11 @@ def sft_loss(logprobs, mask) -> torch.Tensor:
 # ================================================================================================
 # 05 · Training system: the policy, the trajectory store, the warm start, the learner
 # ================================================================================================
-# The policy is a nanoGPT-style decoder with a value head (Part II, "The transformer"). Its contract:
+# The policy is a nanoGPT-style decoder with a value head (make_policy; Part II, "The transformer"):
 #   policy(tokens) -> logits (B, T, V) and values (B, T): the next-token distribution and V(s) at every
 #   position; the value that matters is V read at a turn's <act> token, the state before the action.
 #   policy(new_tokens, cache, pos) continues from a KV cache (policy.new_cache()): rollout feeds one
 #   token at a time, so sampling costs one position per token, not the whole context again.
-
-
-def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
-    return GPT(vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd).to(device)
 
 
 REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split",
@@ -1003,10 +999,6 @@ def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 
 
 # ================================================================================================
 # 06 · Paper cases: how to read a paper's number, as measured miniatures in the README (no code here)
-# ================================================================================================
-
-
-# ================================================================================================
 # 07 · Evaluation & promotion
 # ================================================================================================
 @torch.no_grad()
@@ -1527,6 +1519,10 @@ class GPT(nn.Module):
             x = block(x, positions, rope, None if cache is None else cache[i])
         x = self.ln_f(x)
         return self.lm_head(x), self.value_head(x).squeeze(-1)              # (B, T, V), (B, T)
+
+
+def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
+    return GPT(vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd).to(device)
 
 
 # ------------------------------------------------------------------------------------------------
