@@ -50,6 +50,7 @@ import os
 import queue
 import random
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter, deque
@@ -1600,7 +1601,6 @@ def load_checkpoint(path, device):
 def atomic_write(path, write):
     """Write to a temporary file beside `path`, then rename: a crash, a Ctrl-C or a full disk never
     leaves a half-written checkpoint or summary where a good one was, nor a stray temporary file."""
-    import tempfile
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)  # new, never a planted link
     try:

@@ -2431,6 +2431,12 @@ def answers_template(handout_id=None) -> dict:
             "silent_bug_runs": [], "clock": {**{k: [] for k in CLOCK_SETTINGS}, "why": "", "runs": {}}}
 
 
+def check_only(only, ids):
+    unknown = set(only or ()) - set(ids)
+    if unknown:
+        raise ValueError(f"--only {sorted(unknown)}: unknown exercise; use {', '.join(ids)}")
+
+
 def write_handout(out, only=None, silent_bug=None, hidden_seed=None) -> list:
     """`homework --out DIR`: copy the project with the solution regions blanked, the hidden checks, the
     grader and the open exercises' answers left out, and (--silent-bug) one realistic bug planted; with
@@ -2440,9 +2446,7 @@ def write_handout(out, only=None, silent_bug=None, hidden_seed=None) -> list:
         raise ValueError(f"--out {out}: must be outside this repository (the reference is never overwritten)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {out}: is not empty (or not a directory); choose a new directory")
-    unknown = set(only or ()) - set(EXERCISES)
-    if unknown:
-        raise ValueError(f"--only {sorted(unknown)}: unknown exercise; use {', '.join(EXERCISES)}")
+    check_only(only, EXERCISES)
     if silent_bug not in (None, *SILENT_BUGS):
         raise ValueError(f"--silent-bug {silent_bug}: use one of {', '.join(SILENT_BUGS)}")
     blanked, texts = [], {}
@@ -3121,9 +3125,7 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
         raise ValueError(f"{directory}: no such directory; name the folder that holds the submission")
     if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and 1 <= time_limit <= 3600):
         raise ValueError(f"--time-limit {time_limit}: give the seconds per exercise, a number in [1, 3600]")
-    unknown = set(only or ()) - set(EXERCISES) - set(EXPERIMENTS)
-    if unknown:
-        raise ValueError(f"--only {sorted(unknown)}: unknown exercise; use {', '.join([*EXERCISES, *EXPERIMENTS])}")
+    check_only(only, [*EXERCISES, *EXPERIMENTS])
     submission = read_submission(directory)                    # everything, before any of its code runs
     answers, answers_problem = parse_answers(*submission["answers.json"])
     secret = hidden_seed or installation_file("hidden_seed.txt")
@@ -3300,9 +3302,7 @@ def write_autograder(path, only=None, silent_bug=None, hidden_seed=None) -> list
         raise ValueError(f"--autograder {path}: name a new .zip file")
     if silent_bug not in (None, *SILENT_BUGS):
         raise ValueError(f"--silent-bug {silent_bug}: use one of {', '.join(SILENT_BUGS)}")
-    unknown = set(only or ()) - set(EXERCISES) - set(EXPERIMENTS)
-    if unknown:
-        raise ValueError(f"--only {sorted(unknown)}: unknown exercise; use {', '.join([*EXERCISES, *EXPERIMENTS])}")
+    check_only(only, [*EXERCISES, *EXPERIMENTS])
     run = AUTOGRADER_RUN.format(only=f" --only {','.join(only)}" if only else "")
     members = {"setup.sh": AUTOGRADER_SETUP, "run_autograder": run,
                **{name: (REPO / name).read_text() for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py",
