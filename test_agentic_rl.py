@@ -3652,12 +3652,13 @@ def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_pat
     (submission / "answers.json").unlink()
     with open(submission / "agentic_rl.py", "a") as f:
         f.write(HOSTILE.format(record=str(record), results=str(results), source=str(source), submission=str(submission)))
-    before = {p.name: p.read_bytes() for p in source.iterdir()}
+    installed = lambda: {p.name: p.read_bytes() for p in source.iterdir() if p.is_file()}   # not __pycache__
+    before = installed()
     course("grade", submission, "--only", "returns,kl_k3,silent_bug", "--json", results, cwd=source, check_exit=1)
     graded = json.loads(results.read_text())
     time.sleep(1.0)                                  # a surviving child would rewrite results.json by now
     assert json.loads(results.read_text()) == graded and alive_as(pwd_uid()) == []
-    assert {p.name: p.read_bytes() for p in source.iterdir()} == before, "the installation is unchanged"
+    assert installed() == before, "the installation is unchanged"
     assert not (submission / "answers.json").exists() or graded["tests"][-2]["score"] == 0
     tests = {t["name"]: t for t in graded["tests"]}
     assert tests["returns (visible checks)"]["score"] == tests["returns (visible checks)"]["max_score"] > 0, \
