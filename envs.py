@@ -163,11 +163,11 @@ class TextToolEnv(gym.Env):
         task_id = options.get("task_id")
         if task_id is not None and (not isinstance(task_id, (int, np.integer)) or not 0 <= task_id < 1_000_000):
             raise ValueError(f"options['task_id']={task_id!r}: must be an int in [0, 1000000)")
-        while task_id is None:  # rejection-sample a task id from the requested split
+        task = None if task_id is None else self.make_task(int(task_id))
+        while task is None:  # rejection-sample a task id from the requested split
             candidate = int(self.np_random.integers(0, 1_000_000))
-            if self.split_of(self.make_task(candidate)) == split:
-                task_id = candidate
-        task = self.make_task(int(task_id))
+            task = self.make_task(candidate)
+            task_id, task = (candidate, task) if self.split_of(task) == split else (None, None)
         if "split" in options and self.split_of(task) != split:
             raise ValueError(f"options: task_id {task_id} is a {self.split_of(task)} task, not {split}")
         self.episode_count += 1
