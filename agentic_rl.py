@@ -327,18 +327,17 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
     """Play len(seeds) episodes at once (of the given task_ids, or of tasks drawn from each seed);
     returns (episodes, envs) so evaluators can read the final states.
 
-    The episodes move turn by turn together. A step feeds each episode that is writing the tokens the
-    model has not read yet, as one padded chunk over a KV cache (its last sampled token; at a turn's
-    start the last action's final token and the answer, <obs> .. <act>: context, forced, not sampled,
-    not trained) and samples its next token. The sampled ids and their log-probs are stored as they are:
-    never decoded and re-encoded for training. When every running episode has finished its action, the
-    host runs them together, concurrently when tools take time (tool_latency_ms), as a real host would.
+    All episodes advance one token per step in lockstep, with a KV cache: a position is either a
+    forced context token (prompt / observation) or a token the policy samples. The sampled ids and
+    their log-probs are stored as they are: never decoded and re-encoded for training. The actions
+    that finish at the same step go to their tools together, concurrently when tools take time
+    (tool_latency_ms), as a real host would issue them.
     """
     device = next(policy.parameters()).device
     B = len(seeds)
     group_ids = list(range(B)) if group_ids is None else group_ids
     env_list = [make_env(cfg) for _ in range(B)]
-    gates, episodes, pending, unseen = [], [], [], []
+    gates, episodes, pending, queues, seqs = [], [], [], [], []
     for i, (env, s) in enumerate(zip(env_list, seeds)):
         options = {"split": split} if task_ids is None else {"split": split, "task_id": int(task_ids[i])}
         obs, info = env.reset(seed=int(s), options=options)
@@ -348,42 +347,47 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
                                 policy_version, group_ids[i]))
         ids = tok.encode_observation(obs)
         pending.append({"obs": obs, "obs_tokens": ids, "action": [], "logprobs": []})
-        unseen.append(ids)                         # tokens of episode i the model has not read yet
+        seqs.append(ids[:1])
+        queues.append(deque(ids[1:]))
     active = [True] * B
-    cache = policy.new_cache(B)
+    cache = policy.new_cache()
+    inputs = torch.tensor([s[0] for s in seqs], device=device)  # (B,)
+    pos = 0
     pool = ThreadPoolExecutor(max_workers=B) if cfg.tool_latency_ms else None
-    waiting = set()                                 # episodes whose action is finished: the host runs them together
     while any(active):
-        writing = [active[i] and i not in waiting for i in range(B)]
-        feed = [u if w else [] for u, w in zip(unseen, writing)]                   # what the model reads now
-        C = max(map(len, feed))
-        chunk = torch.tensor([f + [tok.pad] * (C - len(f)) for f in feed], device=device)   # (B, C), padded
-        n_new = torch.tensor([len(f) for f in feed], device=device)                        # (B,)
-        logits, _ = policy(chunk, cache=cache, n_new=n_new)                                  # (B, C, V)
-        last = logits[torch.arange(B, device=device), (n_new - 1).clamp(min=0)]             # (B, V)
-        logp = F.log_softmax(last.float(), dim=-1)                                           # (B, V)
+        logits, _ = policy(inputs[:, None], cache=cache, pos=pos)      # (B, 1, V)
+        logp = F.log_softmax(logits[:, -1].float(), dim=-1)             # (B, V)
         sampled = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
         sampled_lp = logp.gather(1, sampled[:, None]).squeeze(1).tolist()
         sampled = sampled.tolist()
-        for i in (i for i, w in enumerate(writing) if w):
-            p, t = pending[i], sampled[i]                # the policy's own token
-            p["action"].append(t)
-            p["logprobs"].append(sampled_lp[i])
-            unseen[i] = [t]
-            if t == tok.eoa or len(p["action"]) == cfg.max_action_tokens:
-                waiting.add(i)
-        if len(waiting) == sum(active):                  # every running episode has its action: one tool round
-            acting, waiting = sorted(waiting), set()
-            act = lambda i: _act(env_list[i], gates[i], episodes[i], pending[i], unseen[i], tok, cfg,
-                                 int(cache["length"][i]) + 1, policy_version)
-            for i, goes_on in zip(acting, pool.map(act, acting) if pool else map(act, acting)):
-                active[i] = goes_on
+        nxt, acting = [], []
+        for i in range(B):
+            if not active[i]:
+                nxt.append(tok.pad)
+                continue
+            p = pending[i]
+            if queues[i]:                              # context: forced, not sampled, not trained
+                t = queues[i].popleft()
+            else:                                      # the policy's own token
+                t = sampled[i]
+                p["action"].append(t)
+                p["logprobs"].append(sampled_lp[i])
+                if t == tok.eoa or len(p["action"]) == cfg.max_action_tokens:
+                    acting.append(i)
+            seqs[i].append(t)
+            nxt.append(t)
+        act = lambda i: _act(env_list[i], gates[i], episodes[i], pending[i], queues[i], tok, cfg, len(seqs[i]),
+                             policy_version)
+        for i, goes_on in zip(acting, pool.map(act, acting) if pool else map(act, acting)):
+            active[i] = goes_on
+        inputs = torch.tensor(nxt, device=device)
+        pos += 1
     if pool:
         pool.shutdown()
     return episodes, env_list
 
 
-def _act(env, gate, episode, p, unseen, tok, cfg, seq_len, policy_version) -> bool:
+def _act(env, gate, episode, p, queue, tok, cfg, seq_len, policy_version) -> bool:
     """Hand one finished action to the host, record the Turn; returns whether the episode goes on."""
     text = tok.decode_action(p["action"])
     obs, reward, terminated, truncated, info, decision = host_step(env, gate, text)
@@ -398,7 +402,7 @@ def _act(env, gate, episode, p, unseen, tok, cfg, seq_len, policy_version) -> bo
         episode.final_obs_tokens = obs_ids
         return False
     p.update(obs=obs, obs_tokens=obs_ids, action=[], logprobs=[])
-    unseen.extend(obs_ids)  # after the action's last token
+    queue.extend(obs_ids)
     return True
 
 
@@ -740,8 +744,8 @@ def sft_loss(logprobs, mask) -> torch.Tensor:
 # The policy is a nanoGPT-style decoder with a value head (make_policy; Part II, "The transformer"):
 #   policy(tokens) -> logits (B, T, V) and values (B, T): the next-token distribution and V(s) at every
 #   position; the value that matters is V read at a turn's <act> token, the state before the action.
-#   policy(new_tokens, cache, n_new) continues each row from a KV cache (policy.new_cache(B)): rollout
-#   feeds only the tokens the model has not read yet, so sampling never recomputes the whole context.
+#   policy(new_tokens, cache, pos) continues from a KV cache (policy.new_cache()): rollout feeds one
+#   token at a time, so sampling costs one position per token, not the whole context again.
 
 
 REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split",
@@ -1429,13 +1433,13 @@ def sft_lr_at(step: int, steps: int, peak: float) -> float:
 # The transformer: nanoGPT's decoder with rotary positions, a KV cache and a value head
 # ------------------------------------------------------------------------------------------------
 def rotary(positions, head_dim: int):
-    """Rotary position embedding (RoPE) angles for positions (B or 1, T): pair i of q/k turns by
+    """Rotary position embedding (RoPE) angles, computed once per forward: pair i of q/k turns by
     pos * 10000^(-i/half), so the score q.k depends on the distance between tokens. Copying "the word 6
     tokens back" is then one fixed pattern wherever the turn sits in the episode (a design choice for
     copy-heavy tool calls)."""
     half = head_dim // 2
     freq = 10000.0 ** (-torch.arange(half, device=positions.device) / half)  # (hd/2,)
-    angle = positions[:, None, :, None].float() * freq                       # (B or 1, 1, T, hd/2)
+    angle = positions[:, None].float() * freq[None]                          # (T, hd/2)
     return angle.cos(), angle.sin()
 
 
@@ -1452,21 +1456,20 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
 
-    def forward(self, x, rope, cache=None, where=None):
+    def forward(self, x, positions, rope, cache=None):
         B, T, D = x.shape
         q, k, v = self.qkv(x).split(D, dim=2)
         q, k, v = (z.view(B, T, self.n_head, D // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, H, T, D/H)
         q, k = rotate(q, *rope), rotate(k, *rope)
-        if cache is None:  # a whole sequence: causal attention
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)    # (B, H, T, D/H)
-        else:  # rollout: write each row's real new keys/values at its own positions, attend to its past
-            rows, cols, positions, mask = where                            # (N,) x3: the real new tokens
+        if cache is not None:  # write this step's keys/values into the preallocated cache; attend to all so far
+            start, end = int(positions[0]), int(positions[-1]) + 1
             if "k" not in cache:
                 cache["k"] = k.new_zeros(B, self.n_head, cache["size"], D // self.n_head)
                 cache["v"] = torch.zeros_like(cache["k"])
-            cache["k"][rows, :, positions], cache["v"][rows, :, positions] = k[rows, :, cols], v[rows, :, cols]
-            end = mask.shape[-1]
-            y = F.scaled_dot_product_attention(q, cache["k"][:, :, :end], cache["v"][:, :, :end], attn_mask=mask)
+            cache["k"][:, :, start:end], cache["v"][:, :, start:end] = k, v
+            k, v = cache["k"][:, :, :end], cache["v"][:, :, :end]
+        assert T == 1 or k.size(2) == T, "prefill a KV cache from empty, then one token at a time"
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)       # (B, H, T, D/H)
         return self.proj(y.transpose(1, 2).reshape(B, T, D))
 
 
@@ -1476,8 +1479,8 @@ class Block(nn.Module):
         self.ln1, self.attn = nn.LayerNorm(d), SelfAttention(d, n_head)
         self.ln2, self.mlp = nn.LayerNorm(d), nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
-    def forward(self, x, rope, cache=None, where=None):
-        x = x + self.attn(self.ln1(x), rope, cache, where)
+    def forward(self, x, positions, rope, cache=None):
+        x = x + self.attn(self.ln1(x), positions, rope, cache)
         return x + self.mlp(self.ln2(x))
 
 
@@ -1505,36 +1508,18 @@ class GPT(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def new_cache(self, batch_size: int):
-        """An empty KV cache for batch_size rows; "length" counts each row's tokens so far."""
-        device = self.wte.weight.device
-        return {"length": torch.zeros(batch_size, dtype=torch.long, device=device),
-                "layers": [{"size": self.block_size} for _ in self.blocks]}
+    def new_cache(self):
+        return [{"size": self.block_size} for _ in self.blocks]
 
-    def forward(self, idx, cache=None, n_new=None):
-        """idx (B, T) -> logits (B, T, V), values (B, T). With a cache, row b's first n_new[b] tokens are
-        new (the rest is padding) and continue that row from its own length; the cache keeps them."""
-        B, T = idx.shape
-        steps = torch.arange(T, device=idx.device)
-        if cache is None:
-            positions, where, caches = steps[None], None, [None] * len(self.blocks)      # (1, T)
-            end = T
-        else:
-            n_new = torch.full((B,), T, device=idx.device) if n_new is None else n_new       # (B,)
-            positions = cache["length"][:, None] + steps                                     # (B, T)
-            rows, cols = (steps < n_new[:, None]).nonzero(as_tuple=True)                     # the real new tokens
-            end = int((cache["length"] + n_new).max())
-            keys = torch.arange(end, device=idx.device)
-            mask = keys <= positions[:, None, :, None]                  # (B, 1, T, end): a row's own past only
-            where, caches = (rows, cols, positions[rows, cols], mask), cache["layers"]
-        if end > self.block_size:
-            raise ValueError(f"sequence of {end} tokens > block_size={self.block_size}")
-        if cache is not None:
-            cache["length"] = cache["length"] + n_new
+    def forward(self, idx, cache=None, pos=0):
+        B, T = idx.shape                                                    # idx (B, T)
+        if pos + T > self.block_size:
+            raise ValueError(f"sequence of {pos + T} tokens > block_size={self.block_size}")
+        positions = torch.arange(pos, pos + T, device=idx.device)
         x = self.wte(idx)                                                    # (B, T, D)
-        rope = rotary(positions, self.blocks[0].attn.head_dim)               # cos, sin: (B or 1, 1, T, hd/2)
-        for block, layer_cache in zip(self.blocks, caches):
-            x = block(x, rope, layer_cache, where)
+        rope = rotary(positions, self.blocks[0].attn.head_dim)          # cos, sin: (T, hd/2) each
+        for i, block in enumerate(self.blocks):
+            x = block(x, positions, rope, None if cache is None else cache[i])
         x = self.ln_f(x)
         return self.lm_head(x), self.value_head(x).squeeze(-1)              # (B, T, V), (B, T)
 
@@ -2321,11 +2306,14 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
 
     @torch.no_grad()
     def decode(use_cache: bool):
-        seq, new, cache = prompt, prompt, policy.new_cache(B)
-        for _ in range(N):  # the prompt in one chunk, then one token at a time
-            logits = (policy(new, cache=cache) if use_cache else policy(seq))[0][:, -1]
-            new = logits.argmax(-1, keepdim=True)
-            seq = torch.cat([seq, new], 1)
+        seq, cache = prompt, policy.new_cache()
+        for pos in range(P + N - 1):
+            if use_cache:
+                logits = policy(seq[:, pos:pos + 1], cache=cache, pos=pos)[0][:, -1]
+            else:
+                logits = policy(seq)[0][:, -1] if pos >= P - 1 else None
+            if pos >= P - 1:
+                seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], 1)
         return seq
     with_cache, t_cache = timed(lambda: decode(True))
     recomputed, t_full = timed(lambda: decode(False))
