@@ -6,26 +6,23 @@ A tiny GPT policy acts in multi-turn, partially observable text environments (en
 booking by default, code repair, a vault, and a three-leg trip as the long task). Each turn it
 writes a tool call as tokens; a host gate outside the model validates and authorizes it; the
 environment executes it and answers with an observation that ends with the turns left (unless an
-experiment hides them); until the
-episode is terminated (an end state) or truncated (a cut, named in the record). Training turns whole
-trajectories into token-level updates; held-out tasks and release gates decide whether the new
-policy is promoted.
+experiment hides them), until the episode is terminated (an end state) or truncated (a cut, named in
+the record). Training turns whole trajectories into token-level updates; held-out tasks and release
+gates decide whether the new policy is promoted.
 
 Agentic RL here means online multi-turn interaction: the policy's actions change an environment that
-answers with new observations. Single-turn verifiable-reward RL and learning from a fixed pool of
-preferred trajectories share parts with it (rs_sft and dpo run online here, on the same tasks, to be
-compared) but not its training contract. Left out on purpose: pretrained language models (the
-vocabulary is closed, one word = one token) and learned reward models (the verifiers are rules).
+answers with new observations. rs_sft and dpo run online here, on the same tasks, to be compared.
+Left out on purpose: pretrained language models (the vocabulary is closed, one word = one token) and
+learned reward models (the verifiers are rules).
 
 The file is a reader's path in three parts:
     Part I   · the loop     01 contracts, 02 masks, 03 credit, 04 objectives, 05 policy and learner,
-                            07 evaluation and release gates, then train(): readable on its own
-             (06, reading a paper's number, has no code of its own: it lives in the README as measured
-             miniatures, each a train or eval command of this file run on seeds 0, 1, 2, so 00-07 is whole)
+                            07 evaluation and release gates, then train(): readable on its own (06,
+                            reading a paper's number, lives in the README as measured miniatures)
     Part II  · the system   checks, devices, torchrun and the async actor, the transformer,
                             checkpoints, run directories, resume, the report card, monitors
     Part III · the tools    examples, show, play, compare, bench, pictures (report.html), the CLI
-                            (the course's homework and grade live with their checks, in test_agentic_rl.py)
+                            (the course's homework and grade live in test_agentic_rl.py)
 
 Run:
     python agentic_rl.py                 # the demo: examples, warm start, GRPO, report card, release gates
