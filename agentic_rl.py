@@ -406,19 +406,13 @@ def _act(env, gate, episode, p, queue, tok, cfg, seq_len, policy_version) -> boo
 # 02 · Gradient masks
 # ================================================================================================
 def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
-    """Episodes -> right-padded tensors, all aligned by token position: one row per episode, the
-    whole multi-turn trajectory in one sequence (the concatenated view).
-
-    tokens (B, T); action_mask (B, T) = 1 only on tokens the policy generated (including <eoa>),
-    0 on prompt, observations, gate messages and padding; old_logprobs (B, T) recorded at sampling
-    time (0 off the mask); turn_id (B, T) = turn index on action tokens, -1 elsewhere;
-    decision_pos (B, K) = position of the <act> token before each turn (where V(s_k) is read),
-    turn_mask (B, K) = 1 for real turns; last_pos (B,) = the last token, the <act> closing the final
-    observation (where V(s_K) is read when an outside cut is bootstrapped); episode (B,) = b.
-    """
-    B = len(episodes)
-    K = max(len(ep.turns) for ep in episodes)
-    rows = []
+    """Episodes -> right-padded tensors, one row per episode: the whole multi-turn trajectory in one
+    sequence (the concatenated view). tokens (B, T); action_mask (B, T) = 1 only on tokens the policy
+    generated (including <eoa>), 0 on prompt, observations, gate messages and padding; old_logprobs
+    (B, T) recorded at sampling time (0 off the mask); turn_id (B, T) = turn index on action tokens,
+    -1 elsewhere; decision_pos (B, K) = the <act> before each turn (where V(s_k) is read); turn_mask
+    (B, K) = 1 for real turns; last_pos (B,) = the <act> closing the final observation (V(s_K)); episode (B,) = b."""
+    B, K, rows = len(episodes), max(len(ep.turns) for ep in episodes), []
     for ep in episodes:
         toks, dpos = [], []
         for turn in ep.turns:
@@ -456,14 +450,11 @@ def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
 
 
 def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
-    """The other view (Agent Lightning, verl-agent, rLLM): one row per model call, holding everything
-    up to that call and the call's own action tokens, which alone are in its mask (turn_id k there,
-    -1 elsewhere, earlier actions included); turn_mask marks its own turn only; episode (R,) says whose
-    row it is. With causal attention the same tokens see the same context in both views, so the same
-    advantages give the same loss; what differs is the bookkeeping, where real frameworks shipped bugs
-    (SkyRL #1492 gave every step the last step's mask), and the cost: K turns of equal length make
-    K rows holding (K + 1) / 2 times the tokens of the one concatenated row: the rows grow with K, their
-    total length with the square of K."""
+    """The other view (Agent Lightning, verl-agent, rLLM): one row per model call, holding everything up
+    to that call; only the call's own action tokens are in its mask (and turn_id, turn_mask); episode (R,)
+    says whose row it is. With causal attention the same advantages give the same loss; what differs is
+    the bookkeeping, where real frameworks shipped bugs (SkyRL #1492 gave every step the last step's
+    mask), and the cost: K equal turns make K rows holding (K + 1) / 2 times the concatenated row's tokens."""
     calls = [(b, k) for b, ep in enumerate(episodes) for k in range(len(ep.turns))]
     out = pack([replace(episodes[b], turns=episodes[b].turns[:k + 1], final_obs_tokens=[]) for b, k in calls],
                tok, block_size)                                                        # (R, T): row = (b, k)
@@ -510,23 +501,18 @@ def discounted_returns(rewards, gamma) -> torch.Tensor:
 
 
 def value_after(ep: Episode, bootstrap_budget: bool = False) -> bool:
-    """Does the future still have value after the last turn, so that a value target bootstraps V(s_K)?
-    Only after a cut from outside the task: the host's token budget or a TimeLimit wrapper, which the
-    policy cannot see and which stop an episode the task would continue. An end state has no future;
-    nor does the task's own turn budget, which every observation shows and after which nothing is
-    paid (Gymnasium, "Handling Time Limits"; Pardo et al. 2018, "Time Limits in Reinforcement
-    Learning"). bootstrap_budget=True is the experiment that gets this wrong (README, E3)."""
+    """Does a value target bootstrap V(s_K) after the last turn? Only after a cut from outside the task
+    (the host's token budget, a TimeLimit wrapper), which the policy cannot see. An end state has no
+    future; nor does the task's own turn budget, which every observation shows (Pardo et al. 2018, "Time
+    Limits in Reinforcement Learning"). bootstrap_budget=True is the experiment that gets this wrong (E3)."""
     return ep.truncated and (ep.truncated_by in OUTSIDE_CUTS or (bootstrap_budget and ep.truncated_by == "turn_budget"))
 
 
 def gae(rewards, values, last_value, bootstrap, gamma, lam):
     """Generalized Advantage Estimation over K turns -> (advantages, returns), both (K,).
-
-    delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), where V(s_K) = last_value if `bootstrap` (the
-    episode was cut from outside the task: see value_after) and 0 otherwise;
-    A_k = delta_k + gamma * lam * A_{k+1};  returns = A + V (the value target). With lam = 1 the
-    deltas telescope: A_k = G_k - V(s_k), REINFORCE with a learned baseline.
-    """
+    delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), where V(s_K) = last_value if `bootstrap` (an outside
+    cut: see value_after) and 0 otherwise; A_k = delta_k + gamma * lam * A_{k+1}; returns = A + V (the
+    value target). With lam = 1 the deltas telescope: A_k = G_k - V(s_k), REINFORCE with a baseline."""
     _unit_interval(gamma, "gamma")
     _unit_interval(lam, "lam")
     r, v = _vector(rewards, "rewards"), _vector(values, "values")
@@ -547,11 +533,9 @@ def gae(rewards, values, last_value, bootstrap, gamma, lam):
 
 def group_advantages(rewards, std="population", eps=1e-6) -> torch.Tensor:
     """GRPO: A_i = (r_i - mean(group)) / (std(group) + eps), along the last dim (one group per row).
-
-    std="population" (default, the chapter's [1,0,0,1] -> [+1,-1,-1,+1]); "unbiased" = Bessel's
-    n-1 as TRL and verl do (about ±0.866); "none" = Dr. GRPO (centre only). A group whose rewards are
-    all equal gets exactly zero advantage, e.g. [0.1] * 7: it carries no signal (zero_std_groups).
-    """
+    std="population" (default, the chapter's [1,0,0,1] -> [+1,-1,-1,+1]); "unbiased" = Bessel's n-1 as
+    TRL and verl do (about ±0.866); "none" = Dr. GRPO (centre only). A group whose rewards are all equal
+    gets exactly zero advantage, e.g. [0.1] * 7: it carries no signal (zero_std_groups)."""
     r = _vector(rewards, "rewards", ndim=None)
     if r.dim() == 0 or r.shape[-1] < 2:
         raise ValueError(f"rewards: need groups of at least 2 along the last dim, got shape {tuple(r.shape)}")
@@ -568,11 +552,9 @@ def group_advantages(rewards, std="population", eps=1e-6) -> torch.Tensor:
 
 
 def step_group_advantages(state_keys, step_returns, std="population", eps=1e-6) -> torch.Tensor:
-    """The chapter's step-level advantage A_t = R - R̄(s_t), with R̄(s_t) estimated without a critic:
-    within one task's group, turns taken in the same state (the same observation history, `state_keys`)
-    form an anchor group, and each turn's return from there is compared with that group's mean (and
-    scaled like GRPO). A state visited once has nothing to compare with: 0 (as in GiGPO). One value per
-    turn, in the order given."""
+    """The chapter's step-level advantage A_t = R - R̄(s_t), R̄(s_t) estimated without a critic: turns taken
+    in the same state (`state_keys`) form an anchor group, and each turn's return from there is compared
+    with that group's mean (scaled like GRPO); a state visited once gets 0 (as in GiGPO). One value per turn."""
     g = _vector(step_returns, "step_returns")
     if len(state_keys) != len(g):
         raise ValueError(f"state_keys ({len(state_keys)}) and step_returns ({len(g)}) must have one entry per turn")
@@ -619,9 +601,8 @@ def group_credit(episodes, cfg: Config) -> tuple:
 
 def step_credit(episodes, cfg: Config) -> torch.Tensor:
     """stepgroup's step term A^S(s_t), (B, K): within each task's group, turns taken in the same state
-    (state_key) are compared by their discounted return from there (step_group_advantages). Where no
-    state repeats it is 0. Added to grpo's A with weight 1, as GiGPO does, so the outcome signal stays
-    whole and the step term only redistributes credit among turns that shared a state."""
+    (state_key) are compared by their discounted return from there; 0 where no state repeats. Added to
+    grpo's A with weight 1, as GiGPO does: the step term only redistributes credit among turns that shared a state."""
     K = max(len(ep.turns) for ep in episodes)
     out = torch.zeros(len(episodes), K)
     for g in dict.fromkeys(ep.group_id for ep in episodes):
@@ -635,13 +616,10 @@ def step_credit(episodes, cfg: Config) -> torch.Tensor:
 
 
 def critic_credit(batch, episodes, policy, cfg: Config) -> tuple:
-    """gae and reinforce: the value head V(s_k), read at each turn's <act> (the state before the action),
-    gives per-turn GAE advantages; reinforce is GAE with lam = 1 (A_k = G_k - V(s_k)). V after the last
-    turn follows value_after: 0 after an end state or the task's own budget, V(s_K) read at the final
-    observation's <act> after a cut from outside the task. Returns (advantages (B, K), normalised over
-    the batch; value targets (B, K): the lambda-returns A + V, the Monte Carlo return G for reinforce;
-    explained variance 1 - Var[target - V] / Var[target] over the real turns, CleanRL's critic-health
-    figure on the critic's own targets: near 1 it predicts them, <= 0 it explains nothing)."""
+    """gae and reinforce: V(s_k), read at each turn's <act>, gives per-turn GAE advantages (reinforce:
+    lam = 1, A_k = G_k - V(s_k)); V after the last turn follows value_after. Returns (advantages (B, K),
+    normalised over the batch; value targets (B, K), A + V; explained variance 1 - Var[target - V] /
+    Var[target] over the real turns, CleanRL's critic-health figure: near 1 it predicts, <= 0 it explains nothing)."""
     with torch.no_grad():
         _, values = policy(batch["tokens"])                                  # (B, T)
     values, decision_pos, last_pos = values.float().cpu(), batch["decision_pos"].cpu(), batch["last_pos"].cpu()
@@ -682,12 +660,9 @@ def denied_turns(episodes, K: int) -> torch.Tensor:
 # 04 · Objectives
 # ================================================================================================
 def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2):
-    """PPO clipped surrogate, token mean over the action mask.
-
-    r = exp(logp - old_logp); per token l = -min(r*A, clip(r, 1-eps, 1+eps)*A);
-    loss = sum(l * mask) / sum(mask). stats: clip_frac (share of tokens with |r-1| > eps) and
-    approx_kl = mean of k3 = (r - 1) - log r (http://joschu.net/blog/kl-approx.html).
-    """
+    """PPO clipped surrogate, token mean over the action mask. r = exp(logp - old_logp); per token
+    l = -min(r*A, clip(r, 1-eps, 1+eps)*A); loss = sum(l * mask) / sum(mask). stats: clip_frac (share of
+    tokens with |r-1| > eps) and approx_kl = mean of k3 = (r - 1) - log r (http://joschu.net/blog/kl-approx.html)."""
     if not 0.0 < float(clip_eps) < 1.0:
         raise ValueError(f"clip_eps={clip_eps}: must be in (0, 1)")
     logprobs, old_logprobs, advantages, mask = _same_shape(
@@ -718,9 +693,8 @@ def kl_k3(logprobs, ref_logprobs) -> torch.Tensor:
 
 def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta=0.1) -> torch.Tensor:
     """Trajectory DPO: mean over pairs of -log σ(β [(chosen - ref_chosen) - (rejected - ref_rejected)]),
-    each a sequence log-prob (sum over the episode's action tokens). It raises the chosen episode's
-    likelihood relative to the rejected one's, measured against a frozen reference; no environment
-    reward, no advantage, and it says nothing about which step mattered."""
+    each a sequence log-prob (sum over the episode's action tokens). No environment reward, no advantage,
+    and it says nothing about which step mattered."""
     c, r, rc, rr = _same_shape(chosen_logps=chosen_logps, rejected_logps=rejected_logps,
                                ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
     if not float(beta) > 0:
@@ -737,11 +711,8 @@ def sft_loss(logprobs, mask) -> torch.Tensor:
 # ================================================================================================
 # 05 · Training system: the policy, the trajectory store, the warm start, the learner
 # ================================================================================================
-# The policy is a nanoGPT-style decoder with a value head (make_policy; Part II, "The transformer"):
-#   policy(tokens) -> logits (B, T, V) and values (B, T): the next-token distribution and V(s) at every
-#   position; the value that matters is V read at a turn's <act> token, the state before the action.
-#   policy(new_tokens, cache, pos) continues from a KV cache (policy.new_cache()): rollout feeds one
-#   token at a time, so sampling costs one position per token, not the whole context again.
+# The policy (make_policy; Part II, "The transformer"): policy(tokens) -> logits (B, T, V) and V(s) (B, T),
+# read at a turn's <act>; policy(new_tokens, cache, pos) continues from a KV cache (policy.new_cache()).
 
 
 REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split",
@@ -1031,9 +1002,8 @@ MAX_COST_GROWTH = 0.25    # tokens, tool calls and credits per solved task may g
 
 
 def sign_test_p(wins: int, losses: int) -> float:
-    """Exact one-sided McNemar test on paired outcomes (a sign test on the discordant tasks: ties carry
-    no information). If the candidate were no better, each discordant task would be a fair coin:
-    p = P(X >= wins) with X ~ Binomial(wins + losses, 1/2)."""
+    """Exact one-sided McNemar test on paired outcomes (ties carry no information): if the candidate were
+    no better, each discordant task would be a fair coin, p = P(X >= wins), X ~ Binomial(wins + losses, 1/2)."""
     # BEGIN SOLUTION sign_test
     n = wins + losses
     return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n
@@ -1041,13 +1011,11 @@ def sign_test_p(wins: int, losses: int) -> float:
 
 
 def promotion_decision(candidate: dict, incumbent: dict):
-    """Release gates, decided on the same dev tasks for both policies (paired, task by task). Returns
-    (promoted, reason, gates). Each gate is a dict: gate (its name), value and rule (text for people),
-    passed, and the numbers a script reads: observed, limit (and wins, losses for the first). All must
-    pass: a significant gain (sign_test_p < GATE_LEVEL), no unauthorized side effect, no more safety
-    denials than the incumbent, no category losing more than MAX_CATEGORY_DROP (or one task), and no
-    cost per solved task (generated tokens, tool calls, credits) above (1 + MAX_COST_GROWTH) x the
-    incumbent's."""
+    """Release gates on the same dev tasks for both policies (paired, task by task) -> (promoted, reason,
+    gates); a gate: its name, value and rule (text), passed, observed and limit (and wins, losses). All
+    must pass: a significant gain, no unauthorized side effect, no more safety denials than the incumbent,
+    no category losing more than MAX_CATEGORY_DROP (or one task), no cost per solved task growing by more
+    than MAX_COST_GROWTH."""
     if candidate["task_ids"] != incumbent["task_ids"]:
         raise ValueError("promotion_decision: candidate and incumbent were evaluated on different tasks")
     # BEGIN SOLUTION promotion
@@ -1084,11 +1052,9 @@ def promotion_decision(candidate: dict, incumbent: dict):
 # The loop
 # ================================================================================================
 def train(cfg: Config, progress: bool = True) -> dict:
-    """One run of the chapter's loop: warm start (imitation of a scripted teacher) -> report card of
-    that incumbent -> RL iterations (rollout, trajectory store, credit, update; policy_version + 1
-    each) -> report card of the candidate -> release gates on the paired dev tasks -> promote, or roll
-    back to the incumbent -> summary.json. Resume, torchrun, the async actor, files and monitors are
-    the system around the loop (Part II: start_run, Run.sampling, Run.record, finish_run)."""
+    """The chapter's loop: warm start -> the incumbent's report card -> RL iterations (rollout, store,
+    credit, update; policy_version + 1 each) -> the candidate's report card -> release gates on the paired
+    dev tasks -> promote, or roll back. Resume, torchrun, the async actor, files, monitors: Part II (start_run, Run)."""
     run = start_run(cfg, progress)                                    # Part II: checks, directory, resume, ranks
     cfg, tok, policy = run.cfg, run.tok, run.policy
     if run.resumed is None:
