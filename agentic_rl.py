@@ -1054,8 +1054,8 @@ def promotion_decision(candidate: dict, incumbent: dict):
 def train(cfg: Config, progress: bool = True) -> dict:
     """The chapter's loop: warm start -> the incumbent's report card -> RL iterations (rollout, store,
     credit, update; policy_version + 1 each) -> the candidate's report card -> release gates on the paired
-    dev tasks -> promote, or roll back. Resume, torchrun, the async actor, files, monitors: Part II (start_run, Run)."""
-    run = start_run(cfg, progress)                                    # Part II: checks, directory, resume, ranks
+    dev tasks -> promote, or roll back. Resume, torchrun, the async actor, files, monitors: Part II (Run, finish_run)."""
+    run = Run(cfg, progress)                                          # Part II: checks, directory, resume, ranks
     cfg, tok, policy = run.cfg, run.tok, run.policy
     if run.resumed is None:
         run.warm = warm_start(policy, tok, cfg, run.device, progress and run.lead)
@@ -1141,16 +1141,13 @@ def validate_config(cfg: Config) -> Config:
     if cfg.block_size < least:
         raise ValueError(f"block_size={cfg.block_size}: {cfg.env}{f' with {cfg.legs} legs' if cfg.legs > 1 else ''} "
                          f"needs --block-size {least} or more")
-    for name in ("sft_lr", "lr", "max_grad_norm", "dpo_beta"):
-        if not getattr(cfg, name) > 0:
-            raise ValueError(f"{name}={getattr(cfg, name)}: must be > 0")
-    for name in ("demo_habit", "gamma", "lam", "injection_rate"):
-        _unit_interval(getattr(cfg, name), name)
-    if not 0 < cfg.clip_eps < 1:
-        raise ValueError(f"clip_eps={cfg.clip_eps}: must be in (0, 1)")
-    for name in ("kl_coef", "vf_coef", "process_coef", "sft_weight_decay"):
-        if getattr(cfg, name) < 0:
-            raise ValueError(f"{name}={getattr(cfg, name)}: must be >= 0")
+    for names, rule, holds in ((("sft_lr", "lr", "max_grad_norm", "dpo_beta"), "> 0", lambda x: x > 0),
+                               (("demo_habit", "gamma", "lam", "injection_rate"), "in [0, 1]", lambda x: 0 <= x <= 1),
+                               (("clip_eps",), "in (0, 1)", lambda x: 0 < x < 1),
+                               (("kl_coef", "vf_coef", "process_coef", "sft_weight_decay"), ">= 0", lambda x: x >= 0)):
+        for name in names:
+            if not holds(getattr(cfg, name)):
+                raise ValueError(f"{name}={getattr(cfg, name)}: must be {rule}")
     for name, (key, needed) in ONLY_FOR.items():  # a setting that would silently do nothing is an error
         if getattr(cfg, name) != getattr(Config, name) and getattr(cfg, key) not in needed:
             raise ValueError(f"{name}={getattr(cfg, name)}: only used with {key} in {'/'.join(needed)}; drop it or "
@@ -1251,11 +1248,7 @@ def seed_everything(seed: int):
 # ------------------------------------------------------------------------------------------------
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if name not in ("cpu", "cuda", "mps"):
         raise ValueError(f"device={name!r}: use auto, cpu, cuda or mps")
     if name == "cuda" and not torch.cuda.is_available():
@@ -1673,34 +1666,47 @@ def load_run_state(run_dir: str) -> tuple:
 # ------------------------------------------------------------------------------------------------
 # A run: what train() carries, starts and finishes
 # ------------------------------------------------------------------------------------------------
-@dataclass
 class Run:
-    """What a training run carries besides the loop itself: its settings, rank, device and directory,
-    the policy and its optimizer, store and gradient monitor, the metrics so far, the incumbent's
-    report cards, the policy version, a resumed state (or None), and the phase clocks."""
-    cfg: Config
-    rank: int
-    world: int
-    device: torch.device
-    dir: Path
-    tok: Tokenizer
-    policy: nn.Module
-    optimizer: torch.optim.Optimizer
-    store: TrajectoryStore
-    grads: GradMonitor
-    resumed: dict | None
-    progress: bool
-    history: list = field(default_factory=list)
-    warm: dict = field(default_factory=lambda: {"demo_success": None})
-    incumbent: dict | None = None
-    version: int = 0
-    seconds: Counter = field(default_factory=Counter)
-    t0: float = field(default_factory=time.time)
-    model: nn.Module | None = None           # the policy, wrapped in DistributedDataParallel under torchrun
-    ref_policy: nn.Module | None = None      # the frozen warm start, for dpo and --kl-coef
-    clock: dict | None = None                # the policy version and weights the async actor reads
-    log: object = None                       # metrics.jsonl, open while the iterations run
-    hashes: list | None = None               # each rank's weights hash, under torchrun
+    """What a training run carries besides the loop itself: its settings, rank, device and directory, the
+    policy, optimizer, store and gradient monitor, the metrics so far, the incumbent's report cards, the
+    policy version, a resumed state (or None), and the phase clocks."""
+
+    def __init__(self, cfg: Config, progress: bool):
+        """Validate, or take an interrupted run's own settings (--resume); join torchrun's ranks; seed; make
+        the run directory (rank 0); build the tokenizer, policy, optimizer, store; restore a resumed state."""
+        validate_config(cfg)
+        state = None
+        if cfg.resume:  # the interrupted run's own settings, in the directory given
+            changed = [f"--{f.name.replace('_', '-')}" for f in fields(Config) if f.name != "resume" and
+                       getattr(cfg, f.name) != f.default]
+            if changed:
+                raise ValueError(f"--resume continues the interrupted run with its own settings; drop {', '.join(changed)}")
+            state, saved = load_run_state(cfg.resume)
+            cfg = replace(saved, resume=cfg.resume, run_dir=cfg.resume)
+        self.rank, self.world, self.device = init_distributed(cfg)
+        seed_everything(cfg.seed)
+        self.dir = prepare_run_dir(cfg) if self.lead and not state else Path(cfg.run_dir)
+        self.cfg = cfg = replace(cfg, run_dir=str(self.dir)) if self.lead else cfg
+        self.tok = make_tokenizer(cfg.env)
+        self.policy = make_policy(cfg, len(self.tok), self.device)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.store, self.grads = TrajectoryStore(cfg.max_staleness, len(self.tok)), GradMonitor()
+        self.resumed, self.progress, self.seconds, self.t0 = state, progress, Counter(), time.time()
+        self.history, self.warm, self.incumbent, self.version = [], {"demo_success": None}, None, 0
+        # set by sampling(): the policy wrapped in DistributedDataParallel under torchrun, the frozen warm start
+        # (dpo, --kl-coef), what the async actor reads, metrics.jsonl while open, each rank's weights hash
+        self.model = self.ref_policy = self.clock = self.log = self.hashes = None
+        self.say(f"config: {json.dumps(asdict(cfg))}")
+        self.say(f"policy: {sum(p.numel() for p in self.policy.parameters()):,} parameters, vocabulary {len(self.tok)}, "
+                 f"device {self.device}" + (f", {self.world} ranks" if self.world > 1 else ""))
+        if state:  # every piece of state as it was after the last completed iteration
+            load_policy_weights(self.policy, state["model"], f"--resume {cfg.resume}")
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.history, self.incumbent, self.warm, self.version = (state["history"], state["incumbent"],
+                                                                     state["warm"], state["version"])
+            self.grads.norms.extend(state["grad_norms"])
+            self.grads.skipped, self.store.seen_ids = state["skipped_updates"], set(state["seen_ids"])
+            self.say(f"resumed {cfg.run_dir} after iteration {len(self.history) - 1} (policy_version {self.version})")
 
     @property
     def lead(self) -> bool:
@@ -1796,41 +1802,6 @@ class Run:
             self.log.flush()  # a failing write stops the run now, not after the last iteration
             save_run_state(self)
             tqdm.write(log_line(it, m), file=sys.stdout)
-
-
-def start_run(cfg: Config, progress: bool) -> Run:
-    """Validate, or take an interrupted run's own settings (--resume); join torchrun's ranks; seed; make
-    the run directory (rank 0); build the tokenizer, policy, optimizer, store; restore a resumed state."""
-    validate_config(cfg)
-    state = None
-    if cfg.resume:  # the interrupted run's own settings, in the directory given
-        changed = [f"--{f.name.replace('_', '-')}" for f in fields(Config) if f.name != "resume" and
-                   getattr(cfg, f.name) != f.default]
-        if changed:
-            raise ValueError(f"--resume continues the interrupted run with its own settings; drop {', '.join(changed)}")
-        state, saved = load_run_state(cfg.resume)
-        cfg = replace(saved, resume=cfg.resume, run_dir=cfg.resume)
-    rank, world, device = init_distributed(cfg)
-    seed_everything(cfg.seed)
-    run_dir = prepare_run_dir(cfg) if rank == 0 and not state else Path(cfg.run_dir)
-    cfg = replace(cfg, run_dir=str(run_dir)) if rank == 0 else cfg
-    tok = make_tokenizer(cfg.env)
-    policy = make_policy(cfg, len(tok), device)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
-    run = Run(cfg, rank, world, device, run_dir, tok, policy, optimizer, TrajectoryStore(cfg.max_staleness, len(tok)),
-              GradMonitor(), state, progress)
-    run.say(f"config: {json.dumps(asdict(cfg))}")
-    run.say(f"policy: {sum(p.numel() for p in policy.parameters()):,} parameters, vocabulary {len(tok)}, device "
-            f"{device}" + (f", {world} ranks" if world > 1 else ""))
-    if state:  # every piece of state as it was after the last completed iteration
-        load_policy_weights(policy, state["model"], f"--resume {cfg.resume}")
-        optimizer.load_state_dict(state["optimizer"])
-        run.history, run.incumbent, run.warm, run.version = state["history"], state["incumbent"], state["warm"], \
-            state["version"]
-        run.grads.norms.extend(state["grad_norms"])
-        run.grads.skipped, run.store.seen_ids = state["skipped_updates"], set(state["seen_ids"])
-        run.say(f"resumed {cfg.run_dir} after iteration {len(run.history) - 1} (policy_version {run.version})")
-    return run
 
 
 def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: list) -> dict:
