@@ -1291,6 +1291,7 @@ def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
     generator, so the run stays reproducible. Threads suffice: torch releases the GIL in its kernels
     and a waiting tool call releases it too, which is where the overlap pays (tool_latency_ms). When the
     learner stops (the end, an error, Ctrl-C), the actor is stopped and joined before anything exits."""
+    publish(policy, clock, start)  # the first batch is sampled by the start version itself
     actor, out = copy.deepcopy(policy).eval(), queue.Queue(maxsize=1)
     generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed * 7919 + rank)
 
@@ -1329,11 +1330,11 @@ def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
         thread.join()
 
 
-def publish(policy, clock: dict):
+def publish(policy, clock: dict, version: int):
     """The learner makes its new weights available to the actor (keeping the last two versions)."""
     with clock["cond"]:
-        clock["weights"][clock["version"]] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-        clock["weights"].pop(clock["version"] - 2, None)
+        clock["weights"][version] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        clock["weights"].pop(version - 2, None)
         clock["cond"].notify_all()
 
 
@@ -1748,9 +1749,7 @@ class Run:
                                else copy.deepcopy(self.policy)).eval()
         if self.resumed:
             set_rng_state(self.resumed["rng"])  # last, so that building anything above draws nothing from it
-        self.clock = {"version": self.version, "weights": {}, "cond": threading.Condition(), "stop": False}
-        if cfg.async_rollout:
-            publish(self.policy, self.clock)
+        self.clock = {"weights": {}, "cond": threading.Condition(), "stop": False}
         actor = async_batches(self.policy, self.tok, cfg, len(self.history), self.clock, self.rank) \
             if cfg.async_rollout else None
         t_rl = time.time()
@@ -1784,9 +1783,8 @@ class Run:
         greedy dev check, one line of metrics.jsonl and state.pt (rank 0)."""
         self.seconds["rollout"] += rollout_seconds
         self.seconds["learner"] += m["learner_seconds"]
-        self.clock["version"] = self.version
         if self.cfg.async_rollout:
-            publish(self.policy, self.clock)
+            publish(self.policy, self.clock, self.version)
         it = len(self.history)
         m.update(iteration=it, policy_version=self.version, world_size=self.world,
                  rollout_seconds=round(rollout_seconds, 3),
