@@ -1891,6 +1891,7 @@ def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seco
     tokens, calls = sum(len(t.action_tokens) for t in turns), sum(t.gate_allowed for t in turns)
     credits, solved = sum(t.cost for t in turns), sum(success)
     lo, hi = wilson_interval(solved, n)
+    per_success = lambda total: round(total / solved, 3) if solved else None
     return {"part": part, "episodes": n, "success": solved / n, "ci95": [round(lo, 4), round(hi, 4)],
             "task_ids": task_ids, "per_task": success,
             "categories": {c: {"tasks": len(x), "success": round(float(np.mean(x)), 4)} for c, x in sorted(categories.items())},
@@ -1908,14 +1909,9 @@ def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seco
                                              for inj, ep in injected),
             **passes,
             "efficiency": {"tokens_per_episode": round(tokens / n, 3), "tool_calls_per_episode": round(calls / n, 3),
-                           "credits_per_episode": round(credits / n, 3), "tokens_per_success": per_success(tokens, solved),
-                           "tool_calls_per_success": per_success(calls, solved),
-                           "credits_per_success": per_success(credits, solved),
+                           "credits_per_episode": round(credits / n, 3), "tokens_per_success": per_success(tokens),
+                           "tool_calls_per_success": per_success(calls), "credits_per_success": per_success(credits),
                            "wall_seconds": round(seconds, 2)}}
-
-
-def per_success(total: float, successes: int):
-    return round(total / successes, 3) if successes else None
 
 
 class GradMonitor:
@@ -1974,36 +1970,30 @@ def learning_curve(values, width: int = 60, height: int = 6) -> str:
     return "\n".join(lines)
 
 
-def card_labels(columns: dict) -> dict:
-    """Row labels that say how each outcome was measured: success is greedy decoding on every held-out
-    task; pass^k samples k trials on each of the first pass_k_tasks tasks."""
-    first = next(iter(columns.values()))
-    k = len([1 for key in first if key.startswith("pass^")])
-    return {"success": f"success (greedy, {first['episodes']})", f"pass^{k}": f"pass^{k} ({k} sampled each)"}
-
-
 def report_card_rows(columns: dict) -> list:
-    """(group, key, the value of each column as printed) per report-card line: the terminal and report.html."""
-    rows = [("outcome", "success"), ("", "ci95"), ("", f"pass^{len([1 for k in next(iter(columns.values())) if k.startswith('pass^')])}")]
-    rows += [("category", c) for c in next(iter(columns.values()))["categories"]]
-    rows += [("safety", k) for k in ("safety_denials", "unauthorized_side_effects", "repeated_side_effects",
-                                     "injection_follow_attempts")]
-    rows += [("efficiency", k) for k in ("mean_turns", "truncation_rate", "invalid_action_rate", "tokens_per_episode",
-                                         "tool_calls_per_episode", "credits_per_episode", "credits_per_success")]
+    """(group, key, label, the value of each column as printed) per report-card line, for the terminal and
+    report.html. The labels say how an outcome was measured: success greedy on every held-out task,
+    pass^k with k sampled trials on each of the first pass_k_tasks tasks."""
+    first = next(iter(columns.values()))
+    k = sum(key.startswith("pass^") for key in first)
+    labels = {"success": f"success (greedy, {first['episodes']})", f"pass^{k}": f"pass^{k} ({k} sampled each)"}
+    rows = [("outcome", "success"), ("", "ci95"), ("", f"pass^{k}")] + [("category", c) for c in first["categories"]]
+    rows += [("safety", key) for key in ("safety_denials", "unauthorized_side_effects", "repeated_side_effects",
+                                         "injection_follow_attempts")]
+    rows += [("efficiency", key) for key in ("mean_turns", "truncation_rate", "invalid_action_rate", "tokens_per_episode",
+                                             "tool_calls_per_episode", "credits_per_episode", "credits_per_success")]
 
     def value(report, key):
         v = report.get(key, report["efficiency"].get(key, report["categories"].get(key, {}).get("success")))
         return f"{v:.3f}" if isinstance(v, float) else str(v)
-    return [(group, key, [value(r, key) for r in columns.values()]) for group, key in rows]
+    return [(group, key, labels.get(key, key), [value(r, key) for r in columns.values()]) for group, key in rows]
 
 
 def format_report_card(columns: dict) -> str:
     """One column per (policy, part), one row per report-card line."""
-    lines = [f"{'report card':<36}" + "".join(f"{name:>22}" for name in columns)]
-    label = card_labels(columns)
-    lines += [f"{group:<11}{label.get(key, key):<25}" + "".join(f"{v:>22}" for v in values)
-              for group, key, values in report_card_rows(columns)]
-    return "\n".join(lines)
+    return "\n".join([f"{'report card':<36}" + "".join(f"{name:>22}" for name in columns)] +
+                     [f"{group:<11}{label:<25}" + "".join(f"{v:>22}" for v in values)
+                      for group, _, label, values in report_card_rows(columns)])
 
 
 # ################################################################################################
@@ -2417,10 +2407,9 @@ def gates_html(summary: dict) -> str:
     r = summary["reports"]
     cols = {"incumbent dev": r["incumbent"]["dev"], "candidate dev": r["candidate"]["dev"],
             "incumbent test": r["incumbent"]["test"], "candidate test": r["candidate"]["test"]}
-    labels = card_labels(cols)
-    card = table(["report card", ""] + list(cols), [[esc(g), esc(labels.get(k, k))] + [esc(v) for v in vals]
-                                                    for g, k, vals in report_card_rows(cols)],
-                 [f" data-row='{esc(k)}'" for _, k, _ in report_card_rows(cols)])
+    rows = report_card_rows(cols)
+    card = table(["report card", ""] + list(cols), [[esc(g), esc(label)] + [esc(v) for v in vals] for g, _, label, vals in rows],
+                 [f" data-row='{esc(k)}'" for _, k, _, _ in rows])
     num = lambda x: "&ndash;" if x is None else esc(f"{x:.4g}" if isinstance(x, float) else x)
     gates = table(["release gate", "value", "rule", "observed", "limit", "verdict"],
                   [[esc(g["gate"]), esc(g["value"]), esc(g["rule"]), num(g["observed"]), num(g["limit"]),
@@ -2536,24 +2525,14 @@ def examples_page(ex: dict) -> str:
 # The command line
 # ------------------------------------------------------------------------------------------------
 def add_config_flags(parser, only=None):
-    comments = _field_comments()
+    """Config fields as flags (all, or those in `only`); --help is the comment beside each field."""
+    comments = {line.split(":")[0].strip(): line.split("#", 1)[1].strip().replace("%", "%%")
+                for line in inspect.getsource(Config).splitlines() if ":" in line and "#" in line and "=" in line}
     for f in fields(Config):
-        if only is not None and f.name not in only:
-            continue
-        if isinstance(f.default, bool):  # a switch: --overwrite
-            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, action="store_true", help=comments.get(f.name, ""))
-        else:
-            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default),
-                                default=f.default, choices=CHOICES.get(f.name), help=comments.get(f.name, ""))
-
-
-def _field_comments() -> dict:
-    """--help text = the comment beside each Config field (one source of truth)."""
-    out = {}
-    for line in inspect.getsource(Config).splitlines():
-        if ":" in line and "#" in line and "=" in line:
-            out[line.split(":")[0].strip()] = line.split("#", 1)[1].strip().replace("%", "%%")
-    return out
+        if only is None or f.name in only:  # a bool is a switch (--overwrite)
+            kind = {"action": "store_true"} if isinstance(f.default, bool) else \
+                {"type": type(f.default), "default": f.default, "choices": CHOICES.get(f.name)}
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, help=comments.get(f.name, ""), **kind)
 
 
 COURSE_COMMANDS = {"homework": "write a student handout, or Gradescope's autograder zip",
@@ -2622,15 +2601,11 @@ def main(argv=None):
                      f"unrecognized arguments: {' '.join(rest)}")
     try:  # bad flags and bad files are usage errors (exit 2) ...
         if args.command == "eval":
-            device = resolve_device(args.device)
-            policy, tok, cfg, version = load_checkpoint(args.ckpt, device)
-            for name in eval_flags:
-                setattr(cfg, name, getattr(args, name))
-            validate_config(cfg)
-        elif args.command in ("demo", "train"):
-            cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config)}))
-        elif args.command == "compare":
+            policy, tok, cfg, version = load_checkpoint(args.ckpt, resolve_device(args.device))
+            cfg = validate_config(replace(cfg, **{name: getattr(args, name) for name in eval_flags}))
+        elif args.command in ("demo", "train", "compare"):
             cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config) if hasattr(args, f.name)}))
+        if args.command == "compare":
             seeds, algos = [int(x) for x in args.seeds.split(",") if x.strip().isdigit()], args.algos.split(",")
             if len(seeds) != len(args.seeds.split(",")):
                 raise ValueError(f"--seeds {args.seeds}: use comma-separated whole numbers, e.g. 0,1,2")
