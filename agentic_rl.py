@@ -2068,12 +2068,10 @@ def held_out_groups(policy, tok, cfg: Config, version: int, part: str, n_groups:
 
 def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", part: str = "test", credit: str = "",
          html_path: str | None = None):
-    """Audit episodes before promotion: sample a training-style group (group_size episodes, temperature 1)
-    on held-out tasks, compute the advantages the learner would use (or another credit's, --credit),
-    and print episodes turn by turn: [bracketed] tokens are the policy's own (action_mask 1), the rest
-    is context; with the gate's decision, the reward, the advantage and the independent evaluator's
-    verdict. Where fewer than n episodes of the asked kind turn up in 25 groups, it says so and shows
-    the other kind. html_path: also draw the checkpoint's report.html there (report_page)."""
+    """Audit episodes before promotion: training-style groups on held-out tasks with the advantages the
+    learner would use (or --credit's), printed turn by turn: [bracketed] tokens are the policy's own
+    (action_mask 1), the rest context; the gate's decision, reward, advantage and the evaluator's verdict.
+    html_path: also draw the checkpoint's report.html there."""
     if n < 1:
         raise ValueError(f"--n {n}: must be >= 1")
     if html_path:
@@ -2270,19 +2268,17 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
               "cuda_max_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev.type == "cuda" else None}
     atomic_write(Path(out) / "bench.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
-    r, l, u = report["rollout"], report["learner"], report["reference_unit"]
-    print(f"device {report['device']}, {report['threads']} threads{' (quick: tiny sizes, not figures to quote)' if quick else ''}")
-    print(f"rollout  {B} x ({P} prompt + {N} generated) tokens: KV cache {r['kv_cache_tokens_per_s']:,} tokens/s, "
+    r, u = report["rollout"], report["reference_unit"]
+    print(f"device {dev}, {report['threads']} threads{' (quick: tiny sizes, not figures to quote)' if quick else ''}\n"
+          f"rollout  {B} x ({P} prompt + {N} generated) tokens: KV cache {r['kv_cache_tokens_per_s']:,} tokens/s, "
           f"full recompute {r['full_recompute_tokens_per_s']:,} tokens/s, speed-up x{r['kv_cache_speedup']}")
-    print(f"learner  {l['tokens_per_step']:,} tokens per PPO step: {l['ms_per_step']} ms, {l['tokens_per_s']:,} tokens/s")
-    for view, v in views.items():
-        print(f"view {view:<9} {v['rows']} rows for {len(demos)} episodes, {v['tokens_per_episode']} tokens per episode, "
-              f"{v['ms_per_step']} ms per PPO step")
-    print(f"reference unit ({u['parameters']:,} parameters, 64 x 46 tokens, one AdamW step): {u['ms_per_step']} ms")
-    for peer, figure in PEERS.items():
-        print(f"  peer: {peer}: {figure}")
-    print(f"peak RSS {report['peak_rss_mb']} MB" + (f", CUDA max allocated {report['cuda_max_allocated_mb']} MB" if dev.type == "cuda" else ""))
-    print(f"wrote {Path(out) / 'bench.json'}")
+    for view, v in views.items():  # concat is the learner's own view
+        print(f"learner  {view:<9} {v['rows']} rows for {len(demos)} episodes, {v['tokens_per_step']:,} tokens per PPO step: "
+              f"{v['ms_per_step']} ms, {round(v['tokens_per_step'] / v['ms_per_step'] * 1000):,} tokens/s")
+    print(f"reference unit ({u['parameters']:,} parameters, 64 x 46 tokens, one AdamW step): {u['ms_per_step']} ms; peers: "
+          + "; ".join(f"{peer}: {figure}" for peer, figure in PEERS.items()))
+    print(f"peak RSS {report['peak_rss_mb']} MB" + (f", CUDA max allocated {report['cuda_max_allocated_mb']} MB"
+                                                   if dev.type == "cuda" else "") + f"; wrote {Path(out) / 'bench.json'}")
     return report
 
 
