@@ -1583,13 +1583,11 @@ def writable_dir(path, flag: str) -> Path:
 RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt", "report.html")
 
 
-def run_files(run: Path, name: str) -> list:
-    """A run file and what an interrupted atomic_write left of it (NAME.*.tmp)."""
-    return [p for p in [run / name, *run.glob(f"{name}.*tmp")] if p.exists()] if run.is_dir() else []
-
-
-def holds_a_run(run: Path) -> list:
-    return [name for name in RUN_FILES if run_files(run, name)]
+def run_files(run: Path) -> dict:
+    """The RUN_FILES that `run` holds -> their paths, with what an interrupted atomic_write left (NAME.*.tmp)."""
+    found = {name: [p for p in [run / name, *run.glob(f"{name}.*tmp")] if p.exists()] for name in RUN_FILES} \
+        if run.is_dir() else {}
+    return {name: paths for name, paths in found.items() if paths}
 
 
 def prepare_run_dir(cfg: Config) -> Path:
@@ -1601,16 +1599,15 @@ def prepare_run_dir(cfg: Config) -> Path:
         run = Path(cfg.run_dir)
     else:
         stem = f"runs/{cfg.env.split('/')[-1].split('-')[0].lower()}-{cfg.algo}-s{cfg.seed}"
-        run = next(r for r in (Path(stem + (f"-{n}" if n > 1 else "")) for n in range(1, 10**6)) if not holds_a_run(r))
-    old = holds_a_run(run)
+        run = next(r for r in (Path(stem + (f"-{n}" if n > 1 else "")) for n in range(1, 10**6)) if not run_files(r))
+    old = run_files(run)
     if old and not cfg.overwrite:
         raise ValueError(f"run_dir={cfg.run_dir}: holds another run ({', '.join(old)}); pass --overwrite to "
                          f"replace it or choose a new --run-dir")
     try:
         run.mkdir(parents=True, exist_ok=True)
-        for name in old:
-            for f in run_files(run, name):
-                f.unlink(missing_ok=True)
+        for f in (f for paths in old.values() for f in paths):
+            f.unlink(missing_ok=True)
         atomic_write(run / "metrics.jsonl", lambda f: None)  # fail now, not after training, if it is not writable
     except OSError as e:
         raise ValueError(f"run_dir={run}: cannot write there ({e.strerror})") from None
