@@ -1087,24 +1087,17 @@ def train(cfg: Config, progress: bool = True) -> dict:
 # torchrun and the async actor, the demonstrator's episodes, the transformer, checkpoints, run
 # directories and resume, the Run record, the report card and monitors (§05 and §07 in practice).
 # ################################################################################################
-# ------------------------------------------------------------------------------------------------
-# Checks on settings, inputs and records
-# ------------------------------------------------------------------------------------------------
+# --- Checks on settings, inputs and records -----------------------------------------------------
 CHOICES = {"env": envs.ENV_IDS, "algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_std": ("population", "unbiased", "none"),
            "device": ("auto", "cpu", "cuda", "mps"), "code_verifier": ("state", "visible_tests"),
            "deny_credit": ("shared", "nonpositive"), "trajectory_view": ("concat", "per_call")}
-
-
 ONLY_FOR = {"injection_rate": ("env", (envs.FLIGHT_ID,)), "code_verifier": ("env", (envs.CODE_ID,)),  # meaningful only there
             "code_bugs": ("env", (envs.CODE_ID,)), "legs": ("env", (envs.FLIGHT_ID,)),
             "bootstrap_budget": ("algo", ("gae", "reinforce")), "lam": ("algo", ("gae",)),
-            "trajectory_view": ("algo", PPO_CREDITS),
-            "vf_coef": ("algo", ("gae", "reinforce")), "gamma": ("algo", ("gae", "reinforce", "stepgroup")),
-            "clip_eps": ("algo", PPO_CREDITS), "adv_std": ("algo", ("grpo", "stepgroup")),
-            "deny_credit": ("algo", PPO_CREDITS), "kl_coef": ("algo", PPO_CREDITS),
-            "process_coef": ("algo", PPO_CREDITS), "dpo_beta": ("algo", ("dpo",))}
-
-
+            "trajectory_view": ("algo", PPO_CREDITS), "vf_coef": ("algo", ("gae", "reinforce")),
+            "gamma": ("algo", ("gae", "reinforce", "stepgroup")), "clip_eps": ("algo", PPO_CREDITS),
+            "adv_std": ("algo", ("grpo", "stepgroup")), "deny_credit": ("algo", PPO_CREDITS),
+            "kl_coef": ("algo", PPO_CREDITS), "process_coef": ("algo", PPO_CREDITS), "dpo_beta": ("algo", ("dpo",))}
 RANGES = {"seed": (0, 2**32 - 1), "eval_seed": (0, 2**32 - 1), "max_turns": (0, envs.MAX_TURNS), "n_layer": (1, 48),
           "n_head": (1, 64), "n_embd": (2, 4096), "block_size": (32, 4096), "max_action_tokens": (5, 64),
           "warm_start_episodes": (0, 10**6), "sft_epochs": (0, 1000), "sft_batch_size": (1, 10**4),
@@ -1214,9 +1207,7 @@ def malformed(ep, vocab_size: int):
                              "[0, 1] or a negative cost)")
 
 
-# ------------------------------------------------------------------------------------------------
-# Environments as configured, seeds
-# ------------------------------------------------------------------------------------------------
+# --- Environments as configured, seeds ----------------------------------------------------------
 def env_class(env_id: str):
     """The environment class behind a gymnasium id; it carries words, tool schema, demonstrator, evaluator."""
     if env_id not in envs.ENV_IDS:
@@ -1243,9 +1234,7 @@ def seed_everything(seed: int):
     torch.manual_seed(seed)
 
 
-# ------------------------------------------------------------------------------------------------
-# Devices, ranks and the async actor
-# ------------------------------------------------------------------------------------------------
+# --- Devices, ranks and the async actor ---------------------------------------------------------
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
@@ -1284,13 +1273,11 @@ def weights_hash(policy) -> str:
 
 
 def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
-    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1
-    while the learner trains on batch it - 1; a queue of one batch sits between them. Staleness is
-    1 by schedule from the second batch on (the first is sampled before any update, by version 0 itself:
-    staleness 0), the store still checks it, and the actor samples with its own random
-    generator, so the run stays reproducible. Threads suffice: torch releases the GIL in its kernels
-    and a waiting tool call releases it too, which is where the overlap pays (tool_latency_ms). When the
-    learner stops (the end, an error, Ctrl-C), the actor is stopped and joined before anything exits."""
+    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1 while
+    the learner trains on batch it - 1 (a queue of one batch between them): staleness 1 from the second batch
+    on, still checked by the store; the actor's own random generator keeps the run reproducible. Threads
+    suffice: torch's kernels and a waiting tool call release the GIL (tool_latency_ms). When the learner
+    stops (the end, an error, Ctrl-C), the actor is stopped and joined before anything exits."""
     publish(policy, clock, start)  # the first batch is sampled by the start version itself
     actor, out = copy.deepcopy(policy).eval(), queue.Queue(maxsize=1)
     generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed * 7919 + rank)
@@ -1338,9 +1325,7 @@ def publish(policy, clock: dict, version: int):
         clock["cond"].notify_all()
 
 
-# ------------------------------------------------------------------------------------------------
-# The demonstrator's episodes: the warm start's data, recorded through the host gate
-# ------------------------------------------------------------------------------------------------
+# --- The demonstrator's episodes: the warm start's data, recorded through the host gate ---------
 def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> list:
     """Scripted demonstrator episodes on the train split, through the same host gate. SFT data is a
     separate recipe: these are not policy samples, so they carry no log-probs and never enter the store."""
@@ -1483,9 +1468,7 @@ def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
     return GPT(vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd).to(device)
 
 
-# ------------------------------------------------------------------------------------------------
-# Checkpoints, run directories and resume
-# ------------------------------------------------------------------------------------------------
+# --- Checkpoints, run directories and resume ----------------------------------------------------
 CHECKPOINT_FORMAT = "agentic-rl-checkpoint-2"
 
 
@@ -1661,9 +1644,7 @@ def load_run_state(run_dir: str) -> tuple:
     return state, cfg
 
 
-# ------------------------------------------------------------------------------------------------
-# A run: what train() carries, starts and finishes
-# ------------------------------------------------------------------------------------------------
+# --- A run: what train() carries, starts and finishes -------------------------------------------
 class Run:
     """What a training run carries besides the loop itself: its settings, rank, device and directory, the
     policy, optimizer, store and gradient monitor, the metrics so far, the incumbent's report cards, the
@@ -1733,11 +1714,9 @@ class Run:
 
     @contextlib.contextmanager
     def sampling(self):
-        """The seam between train()'s loop and the system: the DDP wrapper, the frozen reference, a resumed
-        run's random state, metrics.jsonl; with --async-rollout it yields an actor (async_batches) that
-        samples the next batch with policy version - 1 while the learner trains, else None. On the way
-        out the actor is stopped and joined, a Ctrl-C says how to resume, and under torchrun the replicas
-        compare their weights' hashes and the run fails loudly if they differ (DDP must keep them equal)."""
+        """The seam between train()'s loop and the system: the DDP wrapper, the frozen reference, a resumed run's
+        random state, metrics.jsonl; yields the async actor (async_batches) or None. On the way out the actor
+        is joined, a Ctrl-C says how to resume, and torchrun's replicas must end with equal weights."""
         cfg = self.cfg
         self.model = torch.nn.parallel.DistributedDataParallel(self.policy, find_unused_parameters=True) \
             if self.world > 1 else self.policy
@@ -1841,9 +1820,7 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     return summary
 
 
-# ------------------------------------------------------------------------------------------------
-# Monitors: the report card, the gradient spike rule, the console line, the learning curve
-# ------------------------------------------------------------------------------------------------
+# --- Monitors: the report card, the gradient spike rule, the console line, the learning curve ---
 def wilson_interval(successes: int, n: int, z: float = 1.96):
     """95 % Wilson score interval for a success rate (honest near 0 and 1, unlike p ± 1.96·se)."""
     if n == 0:
@@ -2279,11 +2256,9 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
     return report
 
 
-# ------------------------------------------------------------------------------------------------
-# Pictures: report.html (every run), compare.html, examples --html. One self-contained page each:
-# inline SVG and CSS, no script, nothing fetched; every drawn number also sits in a data- attribute,
-# so a test can read it back and compare it with metrics.jsonl, summary.json or compare.json.
-# ------------------------------------------------------------------------------------------------
+# --- Pictures: report.html (every run), compare.html, examples --html -----------------------------
+# One self-contained page each: inline SVG and CSS, no script, nothing fetched; every drawn number also sits
+# in a data- attribute, so a test can read it back and compare it with metrics.jsonl, summary.json, compare.json.
 CSS = """body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;background:#f6f7f9;color:#1d2430;
 max-width:1260px;margin:0 auto;padding:20px 28px}h1{font-size:23px;margin:4px 0}h2{font-size:18px;margin:26px 0 6px}
 .sub{color:#556070}.grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;background:#fff;border:1px solid #e1e4e8;
@@ -2514,9 +2489,7 @@ def examples_page(ex: dict) -> str:
                 f"{-scale:+.2f}<span class='scale'></span>{scale:+.2f}</p>", group)
 
 
-# ------------------------------------------------------------------------------------------------
-# The command line
-# ------------------------------------------------------------------------------------------------
+# --- The command line ---------------------------------------------------------------------------
 def add_config_flags(parser, only=None):
     """Config fields as flags (all, or those in `only`); --help is the comment beside each field."""
     comments = {line.split(":")[0].strip(): line.split("#", 1)[1].strip().replace("%", "%%")
