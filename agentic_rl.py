@@ -570,8 +570,7 @@ def broadcast_to_tokens(advantages, turn_id):
     """Per-episode (B,) or per-turn (B, K) advantages -> (B, T) on each action token, 0 elsewhere.
     Copying one number onto every action token says which trajectory was better, not which step."""
     adv = advantages[:, None].expand(-1, max(1, int(turn_id.max()) + 1)) if advantages.dim() == 1 else advantages
-    on_action = turn_id >= 0
-    return torch.where(on_action, adv.gather(1, turn_id.clamp(min=0)), torch.zeros((), device=adv.device))  # (B, T)
+    return torch.where(turn_id >= 0, adv.gather(1, turn_id.clamp(min=0)), torch.zeros((), device=adv.device))  # (B, T)
 
 
 def turn_rewards(ep: Episode, cfg: Config) -> list:
@@ -603,8 +602,7 @@ def step_credit(episodes, cfg: Config) -> torch.Tensor:
     """stepgroup's step term A^S(s_t), (B, K): within each task's group, turns taken in the same state
     (state_key) are compared by their discounted return from there; 0 where no state repeats. Added to
     grpo's A with weight 1, as GiGPO does: the step term only redistributes credit among turns that shared a state."""
-    K = max(len(ep.turns) for ep in episodes)
-    out = torch.zeros(len(episodes), K)
+    out = torch.zeros(len(episodes), max(len(ep.turns) for ep in episodes))
     for g in dict.fromkeys(ep.group_id for ep in episodes):
         turns = [(b, k) for b, ep in enumerate(episodes) if ep.group_id == g for k in range(len(ep.turns))]
         step_returns = torch.cat([discounted_returns(turn_rewards(episodes[b], cfg), cfg.gamma)
@@ -650,10 +648,7 @@ def advantages_for(batch, episodes, policy, cfg: Config):
 
 def denied_turns(episodes, K: int) -> torch.Tensor:
     """(B, K) True where the host gate denied the turn's action."""
-    out = torch.zeros(len(episodes), K, dtype=torch.bool)
-    for b, ep in enumerate(episodes):
-        out[b, :len(ep.turns)] = torch.tensor([not t.gate_allowed for t in ep.turns])
-    return out
+    return torch.tensor([[not t.gate_allowed for t in ep.turns] + [False] * (K - len(ep.turns)) for ep in episodes])
 
 
 # ================================================================================================
@@ -1054,7 +1049,7 @@ def promotion_decision(candidate: dict, incumbent: dict):
 def train(cfg: Config, progress: bool = True) -> dict:
     """The chapter's loop: warm start -> the incumbent's report card -> RL iterations (rollout, store,
     credit, update; policy_version + 1 each) -> the candidate's report card -> release gates on the paired
-    dev tasks -> promote, or roll back. Resume, torchrun, the async actor, files, monitors: Part II (Run, finish_run)."""
+    dev tasks -> promote, or roll back. Resume, torchrun, the async actor, files, monitors: Part II (Run)."""
     run = Run(cfg, progress)                                          # Part II: checks, directory, resume, ranks
     cfg, tok, policy = run.cfg, run.tok, run.policy
     if run.resumed is None:
