@@ -432,21 +432,14 @@ def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
         # END SOLUTION mask
         rows.append((toks + ep.final_obs_tokens, mask, lps, tid, dpos))
     T = max(len(r[0]) for r in rows)
-    out = {"tokens": torch.full((B, T), tok.pad, dtype=torch.long),
-           "action_mask": torch.zeros(B, T), "old_logprobs": torch.zeros(B, T),
-           "turn_id": torch.full((B, T), -1, dtype=torch.long),
-           "decision_pos": torch.zeros(B, K, dtype=torch.long), "turn_mask": torch.zeros(B, K),
-           "last_pos": torch.zeros(B, dtype=torch.long), "episode": torch.arange(B)}
-    for b, (toks, mask, lps, tid, dpos) in enumerate(rows):
-        n, m = len(toks), len(mask)                                 # the final observation and padding stay 0 / -1
-        out["tokens"][b, :n] = torch.tensor(toks)
-        out["action_mask"][b, :m] = torch.tensor(mask, dtype=torch.float)
-        out["old_logprobs"][b, :m] = torch.tensor(lps, dtype=torch.float)
-        out["turn_id"][b, :m] = torch.tensor(tid, dtype=torch.long)
-        out["decision_pos"][b, :len(dpos)] = torch.tensor(dpos)
-        out["turn_mask"][b, :len(dpos)] = 1.0
-        out["last_pos"][b] = n - 1
-    return out
+
+    def padded(lists, width, fill, dtype=torch.float):  # the final observation and padding: 0 in masks, -1 in turn_id
+        return torch.tensor([x + [fill] * (width - len(x)) for x in lists], dtype=dtype)
+    toks, mask, lps, tid, dpos = zip(*rows)
+    return {"tokens": padded(toks, T, tok.pad, torch.long), "action_mask": padded(mask, T, 0),
+            "old_logprobs": padded(lps, T, 0.0), "turn_id": padded(tid, T, -1, torch.long),
+            "decision_pos": padded(dpos, K, 0, torch.long), "turn_mask": padded([[1] * len(d) for d in dpos], K, 0),
+            "last_pos": torch.tensor([len(t) - 1 for t in toks]), "episode": torch.arange(B)}
 
 
 def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
@@ -468,8 +461,7 @@ def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
 
 
 def trim(tokens, action_mask, *per_token):
-    """Cut a minibatch after its last action token: what follows (final observations, padding) costs
-    compute and, with causal attention, changes no loss."""
+    """Cut a minibatch after its last action token: what follows costs compute and (causal attention) changes no loss."""
     T = int(action_mask.any(0).nonzero().max()) + 1
     return (tokens[:, :T], action_mask[:, :T]) + tuple(x[:, :T] for x in per_token)
 
@@ -588,9 +580,8 @@ def group_credit(episodes, cfg: Config) -> tuple:
     """grpo: A = R(τ) normalised within its task's group (Episode.group_id, never positions in the
     batch), the same number on every turn: which trajectory was better, not which step. Returns
     (advantages (B, K), how many groups had all-equal rewards and so no signal)."""
-    K = max(len(ep.turns) for ep in episodes)
     totals, group_of = torch.tensor([sum(turn_rewards(ep, cfg)) for ep in episodes]), [ep.group_id for ep in episodes]
-    adv, n_zero = torch.zeros(len(episodes), K), 0
+    adv, n_zero = torch.zeros(len(episodes), max(len(ep.turns) for ep in episodes)), 0
     for g in dict.fromkeys(group_of):
         members = [b for b, of in enumerate(group_of) if of == g]
         n_zero += int((totals[members] == totals[members[0]]).all())
