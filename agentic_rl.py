@@ -2092,7 +2092,7 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
     """Every route on the same tasks: per seed one warm start, reused by every route; each route then
     gets the same budget of environment episodes (iterations x tasks_per_iter x group_size) and is
     judged on the same held-out test tasks. Writes OUT/compare.json with learning curves."""
-    device, rows = resolve_device(cfg.device), {"warm start": []} | {a: [] for a in algos}
+    device, runs = resolve_device(cfg.device), {"warm start": []} | {a: [] for a in algos}  # (seed, report, s, history)
     writable_dir(out, "--out")
     for seed in seeds:
         base = validate_config(replace(cfg, seed=seed, algo="grpo"))
@@ -2102,7 +2102,7 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
         t = time.time()
         warm_start(policy, tok, base, device, progress)
         warm_seconds, warm = time.time() - t, copy.deepcopy(policy.state_dict())
-        rows["warm start"].append({"seed": seed, "report": evaluate(policy, tok, base, "test"), "wall_seconds": warm_seconds})
+        runs["warm start"].append((seed, evaluate(policy, tok, base, "test"), warm_seconds, []))
         for algo in algos:
             run_cfg = validate_config(replace(base, algo=algo))
             seed_everything(seed)            # every route starts from the same weights and the same random state
@@ -2113,27 +2113,24 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
             for it in tqdm(range(run_cfg.iterations), desc=f"seed {seed} {algo}", disable=not progress, leave=False):
                 history.append(learn(policy, optimizer, ref, tok, run_cfg, store, grads,
                                      collect(policy, tok, run_cfg, it, it), it))
-            curve = [round(m["success"], 4) for m in history]
-            rows[algo].append({"seed": seed, "report": evaluate(policy, tok, run_cfg, "test"),
-                               "wall_seconds": time.time() - t, "curve": curve,
-                               "first_at_0.9": next((i for i, x in enumerate(curve) if x >= 0.9), None),
-                               "train_truncation": round(float(np.mean([m["truncation_rate"] for m in history])), 4),
-                               "explained_variance": history[-1]["explained_variance"] if history else None,
-                               **{k: sum(m[k] for m in history) for k in ("generated_tokens", "tool_calls", "learner_steps")}})
-    per_route = {}
-    for route, runs in rows.items():
-        success = [r["report"]["success"] for r in runs]
+            runs[algo].append((seed, evaluate(policy, tok, run_cfg, "test"), time.time() - t, history))
+    per_route, k = {}, f"pass^{cfg.pass_k}"
+    for route, rs in runs.items():
+        start_only, success = route == "warm start", [r["success"] for _, r, _, _ in rs]
+        curves = [[round(m["success"], 4) for m in h] for *_, h in rs]
         per_route[route] = {"test_success_mean": round(float(np.mean(success)), 4), "min": min(success), "max": max(success),
-                            "per_seed": [{"seed": r["seed"], "success": r["report"]["success"], "ci95": r["report"]["ci95"],
-                                          "pass^k": r["report"][f"pass^{cfg.pass_k}"], "first_at_0.9": r.get("first_at_0.9"),
-                                          "test_truncation": r["report"]["truncation_rate"],
-                                          "train_truncation": r.get("train_truncation"),
-                                          "explained_variance": r.get("explained_variance")} for r in runs],
-                            "pass^k_mean": round(float(np.mean([r["report"][f"pass^{cfg.pass_k}"] for r in runs])), 4),
-                            "env_episodes": 0 if route == "warm start" else cfg.iterations * cfg.tasks_per_iter * cfg.group_size,
-                            "wall_seconds_mean": round(float(np.mean([r["wall_seconds"] for r in runs])), 1),
-                            **{k: int(np.mean([r.get(k, 0) for r in runs])) for k in ("generated_tokens", "tool_calls", "learner_steps")},
-                            "curves": [r.get("curve", []) for r in runs]}
+                            "per_seed": [{"seed": seed, "success": r["success"], "ci95": r["ci95"], "pass^k": r[k],
+                                          "first_at_0.9": next((i for i, x in enumerate(curve) if x >= 0.9), None),
+                                          "test_truncation": r["truncation_rate"], "train_truncation": None if start_only else
+                                          round(float(np.mean([m["truncation_rate"] for m in h])), 4),
+                                          "explained_variance": h[-1]["explained_variance"] if h else None}
+                                         for (seed, r, _, h), curve in zip(rs, curves)],
+                            "pass^k_mean": round(float(np.mean([r[k] for _, r, _, _ in rs])), 4),
+                            "env_episodes": 0 if start_only else cfg.iterations * cfg.tasks_per_iter * cfg.group_size,
+                            "wall_seconds_mean": round(float(np.mean([s for _, _, s, _ in rs])), 1),
+                            **{key: int(np.mean([sum(m[key] for m in h) for *_, h in rs]))
+                               for key in ("generated_tokens", "tool_calls", "learner_steps")},
+                            "curves": curves}
     result = {"env": cfg.env, "seeds": list(seeds), "iterations": cfg.iterations, "episodes_per_iteration":
               cfg.tasks_per_iter * cfg.group_size, "eval_episodes": cfg.eval_episodes, "part": "test",
               "routes": per_route, "config": asdict(cfg)}
