@@ -199,8 +199,7 @@ CUTS = ("turn_budget", "token_budget", "time_limit")  # what may truncate an epi
 OUTSIDE_CUTS = ("token_budget", "time_limit")         # of those, cuts from outside the task (the policy cannot see them)
 
 
-def new_turn(obs, obs_tokens, action_tokens, logprobs, text, version, reward, terminated, truncated, info,
-             decision) -> Turn:
+def new_turn(obs, obs_tokens, action_tokens, logprobs, text, version, reward, terminated, truncated, info, decision):
     """The Turn record of one action and what host_step answered."""
     return Turn(obs, obs_tokens, action_tokens, logprobs, text, version, decision.allowed, decision.reason,
                 info["receipt"], reward, info["cost"], info["invalid"], terminated, truncated,
@@ -701,8 +700,7 @@ def sft_loss(logprobs, mask) -> torch.Tensor:
 # read at a turn's <act>; policy(new_tokens, cache, pos) continues from a KV cache (policy.new_cache()).
 
 
-REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split",
-                   "policy_version")
+REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split", "policy_version")
 
 
 class StaleEpisode(ValueError):
@@ -1845,16 +1843,14 @@ def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seco
     # flight tasks may carry an injected note; the other environments have none
     injected = [(env.unwrapped.state.task.injection, ep) for env, ep in zip(env_list, episodes)
                 if getattr(getattr(env.unwrapped.state, "task", None), "injection", None)]
-    categories = {}
-    for v in verdicts:
-        categories.setdefault(v.category, []).append(v.success)
+    categories = {c: [v.success for v in verdicts if v.category == c] for c in sorted({v.category for v in verdicts})}
     tokens, calls = sum(len(t.action_tokens) for t in turns), sum(t.gate_allowed for t in turns)
     credits, solved = sum(t.cost for t in turns), sum(success)
     lo, hi = wilson_interval(solved, n)
     per_success = lambda total: round(total / solved, 3) if solved else None
     return {"part": part, "episodes": n, "success": solved / n, "ci95": [round(lo, 4), round(hi, 4)],
             "task_ids": task_ids, "per_task": success,
-            "categories": {c: {"tasks": len(x), "success": round(float(np.mean(x)), 4)} for c, x in sorted(categories.items())},
+            "categories": {c: {"tasks": len(x), "success": round(float(np.mean(x)), 4)} for c, x in categories.items()},
             "evaluator_agrees_with_reward": float(np.mean([s == (ep.reward >= 1) for s, ep in zip(success, episodes)])),
             "mean_turns": float(np.mean([len(ep.turns) for ep in episodes])),
             "truncation_rate": float(np.mean([ep.truncated for ep in episodes])),
@@ -1913,8 +1909,8 @@ def batch_monitors(episodes, cfg: Config) -> dict:
 def log_line(it: int, m: dict) -> str:
     keys = [("success", "{:.3f}"), ("turns", "{:.2f}"), ("clip_frac", "{:.3f}"), ("approx_kl", "{:.4f}"),
             ("entropy", "{:.3f}"), ("zero_std_groups", "{}"), ("explained_variance", "{:.2f}"), ("kept", "{}"),
-            ("dpo_pairs", "{}"),
-            ("invalid_rate", "{:.3f}"), ("grad_norm", "{:.2f}"), ("staleness_max", "{}"), ("episodes_per_second", "{:.0f}")]
+            ("dpo_pairs", "{}"), ("invalid_rate", "{:.3f}"), ("grad_norm", "{:.2f}"), ("staleness_max", "{}"),
+            ("episodes_per_second", "{:.0f}")]
     return f"iter {it:3d} | " + " | ".join(f"{k} {fmt.format(m[k])}" for k, fmt in keys if m.get(k) is not None)
 
 
@@ -2068,15 +2064,13 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
 def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
     """Play an environment yourself through the same host gate the policy faces (reads stdin, so it
     can be piped). Prints what the policy would see; type a tool call per line."""
-    stream = stream or sys.stdin
-    cfg = validate_config(Config(env=env_id, seed=seed))
-    env = make_env(cfg)
+    env = make_env(validate_config(Config(env=env_id, seed=seed)))
     obs, info = env.reset(seed=seed, options={"split": split})
     gate, cls = HostGate.for_env(env), env_class(env_id)
     print(f"{env_id} task {info['task_id']} ({split}); tools: " +
           ", ".join(f"{t} {' '.join('<' + a + '>' for a in args)}".strip() for t, args in cls.tool_schema.items()))
     print(f"obs  {obs}")
-    for line in stream:
+    for line in stream or sys.stdin:
         obs, reward, terminated, truncated, _, decision = host_step(env, gate, line.strip())
         print(f"act  {line.strip()}\nobs  {obs}   (gate {decision.reason}, reward {reward}"
               f"{', terminated' if terminated else ''}{', truncated' if truncated else ''})")
