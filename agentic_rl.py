@@ -2115,7 +2115,8 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
         per_route[route] = {"test_success_mean": round(float(np.mean(success)), 4), "min": min(success), "max": max(success),
                             "per_seed": [{"seed": seed, "success": r["success"], "ci95": r["ci95"], "pass^k": r[k],
                                           "first_at_0.9": next((i for i, x in enumerate(curve) if x >= 0.9), None),
-                                          "test_truncation": r["truncation_rate"], "train_truncation": None if start_only else
+                                          "test_truncation": r["truncation_rate"],
+                                          "train_truncation": None if start_only else
                                           round(float(np.mean([m["truncation_rate"] for m in h])), 4),
                                           "explained_variance": h[-1]["explained_variance"] if h else None}
                                          for (seed, r, _, h), curve in zip(rs, curves)],
@@ -2224,8 +2225,8 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
           f"rollout  {B} x ({P} prompt + {N} generated) tokens: KV cache {r['kv_cache_tokens_per_s']:,} tokens/s, "
           f"full recompute {r['full_recompute_tokens_per_s']:,} tokens/s, speed-up x{r['kv_cache_speedup']}")
     for view, v in views.items():  # concat is the learner's own view
-        print(f"learner  {view:<9} {v['rows']} rows for {len(demos)} episodes, {v['tokens_per_step']:,} tokens per PPO step: "
-              f"{v['ms_per_step']} ms, {round(v['tokens_per_step'] / v['ms_per_step'] * 1000):,} tokens/s")
+        print(f"learner  {view:<9} {v['rows']} rows for {len(demos)} episodes, {v['tokens_per_step']:,} tokens per "
+              f"PPO step: {v['ms_per_step']} ms, {round(v['tokens_per_step'] / v['ms_per_step'] * 1000):,} tokens/s")
     print(f"reference unit ({u['parameters']:,} parameters, 64 x 46 tokens, one AdamW step): {u['ms_per_step']} ms; peers: "
           + "; ".join(f"{peer}: {figure}" for peer, figure in PEERS.items()))
     print(f"peak RSS {report['peak_rss_mb']} MB" + (f", CUDA max allocated {report['cuda_max_allocated_mb']} MB"
@@ -2353,8 +2354,8 @@ def gates_html(summary: dict) -> str:
     cols = {"incumbent dev": r["incumbent"]["dev"], "candidate dev": r["candidate"]["dev"],
             "incumbent test": r["incumbent"]["test"], "candidate test": r["candidate"]["test"]}
     rows = report_card_rows(cols)
-    card = table(["report card", ""] + list(cols), [[esc(g), esc(label)] + [esc(v) for v in vals] for g, _, label, vals in rows],
-                 [f" data-row='{esc(k)}'" for _, k, _, _ in rows])
+    cells = [[esc(g), esc(label)] + [esc(v) for v in vals] for g, _, label, vals in rows]
+    card = table(["report card", ""] + list(cols), cells, [f" data-row='{esc(k)}'" for _, k, _, _ in rows])
     num = lambda x: "&ndash;" if x is None else esc(f"{x:.4g}" if isinstance(x, float) else x)
     gates = table(["release gate", "value", "rule", "observed", "limit", "verdict"],
                   [[esc(g["gate"]), esc(g["value"]), esc(g["rule"]), num(g["observed"]), num(g["limit"]),
