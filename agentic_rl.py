@@ -1340,15 +1340,13 @@ def scripted_episode(env, ep: Episode, obs: str, act, tok: Tokenizer, version: i
     return ep
 
 
-SFT_EPOCHS = {envs.FLIGHT_ID: 4, envs.CODE_ID: 8, envs.VAULT_ID: 4}  # sft_epochs 0: copying line, op and constant
-                                                                    # in a code edit takes longer to learn
+SFT_EPOCHS = {envs.FLIGHT_ID: 4, envs.CODE_ID: 8, envs.VAULT_ID: 4}  # sft_epochs 0; a code edit takes longer to copy
 
 
 def sft_lr_at(step: int, steps: int, peak: float) -> float:
-    """Warm-start schedule: `peak` for the first 60 % of the steps, then cosine down to 0. The decay
-    matters: with a constant rate the last few noisy batches decide the learned probabilities, and
-    greedy decoding flips between "always check seats" and "never" (README, "Why the warm start is
-    robust")."""
+    """Warm-start schedule: `peak` for the first 60 % of the steps, then cosine down to 0. With a constant rate
+    the last noisy batches decide the learned probabilities, and greedy decoding flips between "always check
+    seats" and "never" (README, "Why the warm start is robust")."""
     frac = step / steps
     return peak if frac < 0.6 else peak * 0.5 * (1 + math.cos(math.pi * (frac - 0.6) / 0.4))
 
