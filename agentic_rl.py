@@ -2,18 +2,16 @@
 
 00 · Scope
 ----------
-A tiny GPT policy acts in multi-turn, partially observable text environments (envs.py: flight
-booking by default, code repair, a vault, and a three-leg trip as the long task). Each turn it
-writes a tool call as tokens; a host gate outside the model validates and authorizes it; the
-environment executes it and answers with an observation that ends with the turns left (unless an
-experiment hides them), until the episode is terminated (an end state) or truncated (a cut, named in
-the record). Training turns whole trajectories into token-level updates; held-out tasks and release
-gates decide whether the new policy is promoted.
+A tiny GPT policy acts in multi-turn, partially observable text environments (envs.py: flight booking by
+default, code repair, a vault, and a three-leg trip as the long task). Each turn it writes a tool call as
+tokens; a host gate outside the model validates and authorizes it; the environment executes it and answers
+with an observation that ends with the turns left (unless an experiment hides them), until the episode is
+terminated (an end state) or truncated (a cut, named in the record). Training turns whole trajectories into
+token-level updates; held-out tasks and release gates decide whether the new policy is promoted.
 
-Agentic RL here means online multi-turn interaction: the policy's actions change an environment that
-answers with new observations. rs_sft and dpo run online here, on the same tasks, to be compared.
-Left out on purpose: pretrained language models (the vocabulary is closed, one word = one token) and
-learned reward models (the verifiers are rules).
+Agentic RL here means online multi-turn interaction: the policy's actions change an environment that answers
+with new observations (rs_sft and dpo run online too, on the same tasks, to be compared). Left out on purpose:
+pretrained language models (one word = one token) and learned reward models (the verifiers are rules).
 
 The file is a reader's path in three parts:
     Part I   · the loop     01 contracts, 02 masks, 03 credit, 04 objectives, 05 policy and learner,
@@ -24,13 +22,9 @@ The file is a reader's path in three parts:
     Part III · the tools    examples, show, play, compare, bench, pictures (report.html), the CLI
                             (the course's homework and grade live in test_agentic_rl.py)
 
-Run:
-    python agentic_rl.py                 # the demo: examples, warm start, GRPO, report card, release gates
-    python agentic_rl.py examples        # the chapter's worked examples, by the real functions
-    python agentic_rl.py train --help    # every Config field is a flag
-    python -m pytest -q test_agentic_rl.py
-
-Shapes: B episodes in a batch, G group size, K turns, T tokens, V vocabulary, D model width.
+Run `python agentic_rl.py` (the demo), `python agentic_rl.py examples` (the worked examples, by the real
+functions), `python agentic_rl.py train --help` (every Config field is a flag), `python -m pytest -q
+test_agentic_rl.py`. Shapes: B episodes in a batch, G group size, K turns, T tokens, V vocabulary, D width.
 """
 from __future__ import annotations
 
