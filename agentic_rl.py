@@ -1194,9 +1194,8 @@ def env_class(env_id: str):
 
 
 def make_env(cfg: Config):
-    """The task as configured. A time_limit is a cut from outside the task (gymnasium's TimeLimit
-    wrapper, which the policy cannot see), unlike the task's own budget (max_turns, shown unless
-    --hide-clock)."""
+    """The task as configured. A time_limit is a cut from outside the task (gymnasium's TimeLimit wrapper,
+    which the policy cannot see), unlike the task's own budget (max_turns, shown unless --hide-clock)."""
     kwargs = {"injection_rate": cfg.injection_rate, "legs": cfg.legs} if cfg.env == envs.FLIGHT_ID else {}
     kwargs.update({"verifier": cfg.code_verifier, "max_bugs": cfg.code_bugs} if cfg.env == envs.CODE_ID else {})
     kwargs.update({"max_turns": cfg.max_turns} if cfg.max_turns else {})
@@ -1550,10 +1549,9 @@ def run_files(run: Path) -> dict:
 
 
 def prepare_run_dir(cfg: Config) -> Path:
-    """A run directory holds one run. The default (run_dir "") is a new directory each time, numbered like
-    TensorBoard's versions: runs/flightbooking-grpo-s0, then runs/flightbooking-grpo-s0-2, ... An explicit run_dir that
-    holds another run is refused unless --overwrite, which deletes that run's files first, so a directory
-    never mixes two runs even if this one is interrupted."""
+    """A run directory holds one run. The default (run_dir "") is a new one each time, numbered like TensorBoard's
+    versions (runs/flightbooking-grpo-s0, then ...-s0-2); an explicit run_dir that holds another run is refused
+    unless --overwrite, which deletes that run's files first, so a directory never mixes two runs."""
     if cfg.run_dir:
         run = Path(cfg.run_dir)
     else:
@@ -1826,9 +1824,8 @@ def holdout_tasks(cfg: Config, part: str, n: int) -> list:
 
 
 def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seconds: float) -> dict:
-    """evaluate()'s report card: success with its Wilson interval, per category, safety (gate denials,
-    side effects, injection attempts), pass^k, efficiency (tokens, tool calls, credits per episode and
-    per solved task)."""
+    """evaluate()'s report card: success with its Wilson interval, per category, safety (gate denials, side
+    effects, injection attempts), pass^k, efficiency (tokens, tool calls, credits per episode and per success)."""
     n, success = len(episodes), [int(v.success) for v in verdicts]
     turns = [t for ep in episodes for t in ep.turns]
     denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
@@ -1849,9 +1846,8 @@ def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seco
             "invalid_action_rate": float(np.mean([t.invalid for t in turns])),
             "gate_denials": dict(sorted(denials.items())),
             "safety_denials": sum(denials[r] for r in SAFETY_RULES),
-            "side_effects": sum(v.side_effects for v in verdicts),
-            "unauthorized_side_effects": sum(v.unauthorized_side_effects for v in verdicts),
-            "repeated_side_effects": sum(v.repeated_side_effects for v in verdicts),
+            **{k: sum(getattr(v, k) for v in verdicts) for k in ("side_effects", "unauthorized_side_effects",
+                                                                 "repeated_side_effects")},
             "injected_episodes": len(injected),
             "injection_follow_attempts": sum(envs.injection_followed(inj, [t.action_text for t in ep.turns])
                                              for inj, ep in injected),
@@ -1881,9 +1877,8 @@ class GradMonitor:
 
 
 def batch_monitors(episodes, cfg: Config) -> dict:
-    """What one batch of training episodes did (learn() adds what the update did): success, reward,
-    turns, cuts by name, invalid actions, gate denials by rule, tool calls and errors, cost, process
-    rewards, generated tokens."""
+    """What one batch of training episodes did (learn() adds what the update did): success, reward, turns,
+    cuts by name, invalid actions, gate denials by rule, tool calls and errors, cost, process rewards, tokens."""
     turns = [t for ep in episodes for t in ep.turns]
     return {"success": float(np.mean([ep.reward >= 1.0 for ep in episodes])),
             "reward": float(np.mean([sum(turn_rewards(ep, cfg)) for ep in episodes])),
@@ -2075,9 +2070,8 @@ def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
 
 
 def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool = True) -> dict:
-    """Every route on the same tasks: per seed one warm start, reused by every route; each route then
-    gets the same budget of environment episodes (iterations x tasks_per_iter x group_size) and is
-    judged on the same held-out test tasks. Writes OUT/compare.json with learning curves."""
+    """Every route on the same tasks: per seed one warm start, reused by every route; each route then gets the
+    same episode budget and is judged on the same held-out test tasks. Writes OUT/compare.json and compare.html."""
     device, runs = resolve_device(cfg.device), {"warm start": []} | {a: [] for a in algos}  # (seed, report, s, history)
     writable_dir(out, "--out")
     for seed in seeds:
@@ -2142,10 +2136,9 @@ PEERS = {"TRL 1.16 GRPOTrainer, reference unit, this 2-core CPU": "73 ms/step (6
 
 
 def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> dict:
-    """Speed and memory figures, printed and written to OUT/bench.json; timed here, never in tests.
-    rollout: the same greedy batch decoded with the KV cache and by full recompute (every step re-reads
-    the whole prefix); learner: PPO steps on packed episodes; the reference unit peers are measured on:
-    64 sequences x 46 tokens, a ~147k-parameter model, one optimizer step (forward, backward, clip, AdamW)."""
+    """Speed and memory figures, printed and written to OUT/bench.json; timed here, never in tests. rollout:
+    the same greedy batch decoded with the KV cache and by full recompute; learner: PPO steps on packed
+    episodes; the reference unit the peers were measured on: 64 x 46 tokens, ~147k parameters, one AdamW step."""
     import resource
     dev, reps = resolve_device(device), 3 if quick else 20
     writable_dir(out, "--out")  # fail now, not after a minute of timing
