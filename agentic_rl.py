@@ -2,38 +2,29 @@
 
 00 · Scope
 ----------
-A tiny GPT policy acts in multi-turn, partially observable text environments (envs.py: flight
-booking by default, code repair, a vault, and a three-leg trip as the long task). Each turn it
-writes a tool call as tokens; a host gate outside the model validates and authorizes it; the
-environment executes it and answers with an observation that ends with the turns left (unless an
-experiment hides them); until the
-episode is terminated (an end state) or truncated (a cut, named in the record). Training turns whole
-trajectories into token-level updates; held-out tasks and release gates decide whether the new
-policy is promoted.
+A tiny GPT policy acts in multi-turn, partially observable text environments (envs.py: flight booking by
+default, code repair, a vault, and a three-leg trip as the long task). Each turn it writes a tool call as
+tokens; a host gate outside the model validates and authorizes it; the environment executes it and answers
+with an observation that ends with the turns left (unless an experiment hides them), until the episode is
+terminated (an end state) or truncated (a cut, named in the record). Training turns whole trajectories into
+token-level updates; held-out tasks and release gates decide whether the new policy is promoted.
 
-Agentic RL here means online multi-turn interaction: the policy's actions change an environment that
-answers with new observations. Single-turn verifiable-reward RL and learning from a fixed pool of
-preferred trajectories share parts with it (rs_sft and dpo run online here, on the same tasks, to be
-compared) but not its training contract. Left out on purpose: pretrained language models (the
-vocabulary is closed, one word = one token) and learned reward models (the verifiers are rules).
+Agentic RL here means online multi-turn interaction: the policy's actions change an environment that answers
+with new observations (rs_sft and dpo run online too, on the same tasks, to be compared). Left out on purpose:
+pretrained language models (one word = one token) and learned reward models (the verifiers are rules).
 
 The file is a reader's path in three parts:
     Part I   · the loop     01 contracts, 02 masks, 03 credit, 04 objectives, 05 policy and learner,
-                            07 evaluation and release gates, then train(): readable on its own
-             (06, reading a paper's number, has no code of its own: it lives in the README as measured
-             miniatures, each a train or eval command of this file run on seeds 0, 1, 2, so 00-07 is whole)
+                            07 evaluation and release gates, then train(): readable on its own (06,
+                            reading a paper's number, lives in the README as measured miniatures)
     Part II  · the system   checks, devices, torchrun and the async actor, the transformer,
                             checkpoints, run directories, resume, the report card, monitors
     Part III · the tools    examples, show, play, compare, bench, pictures (report.html), the CLI
-                            (the course's homework and grade live with their checks, in test_agentic_rl.py)
+                            (the course's homework and grade live in test_agentic_rl.py)
 
-Run:
-    python agentic_rl.py                 # the demo: examples, warm start, GRPO, report card, release gates
-    python agentic_rl.py examples        # the chapter's worked examples, by the real functions
-    python agentic_rl.py train --help    # every Config field is a flag
-    python -m pytest -q test_agentic_rl.py
-
-Shapes: B episodes in a batch, G group size, K turns, T tokens, V vocabulary, D model width.
+Run `python agentic_rl.py` (the demo), `python agentic_rl.py examples` (the worked examples, by the real
+functions), `python agentic_rl.py train --help` (every Config field is a flag), `python -m pytest -q
+test_agentic_rl.py`. Shapes: B episodes in a batch, G group size, K turns, T tokens, V vocabulary, D width.
 """
 from __future__ import annotations
 
@@ -203,8 +194,7 @@ CUTS = ("turn_budget", "token_budget", "time_limit")  # what may truncate an epi
 OUTSIDE_CUTS = ("token_budget", "time_limit")         # of those, cuts from outside the task (the policy cannot see them)
 
 
-def new_turn(obs, obs_tokens, action_tokens, logprobs, text, version, reward, terminated, truncated, info,
-             decision) -> Turn:
+def new_turn(obs, obs_tokens, action_tokens, logprobs, text, version, reward, terminated, truncated, info, decision):
     """The Turn record of one action and what host_step answered."""
     return Turn(obs, obs_tokens, action_tokens, logprobs, text, version, decision.allowed, decision.reason,
                 info["receipt"], reward, info["cost"], info["invalid"], terminated, truncated,
@@ -410,19 +400,13 @@ def _act(env, gate, episode, p, queue, tok, cfg, seq_len, policy_version) -> boo
 # 02 · Gradient masks
 # ================================================================================================
 def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
-    """Episodes -> right-padded tensors, all aligned by token position: one row per episode, the
-    whole multi-turn trajectory in one sequence (the concatenated view).
-
-    tokens (B, T); action_mask (B, T) = 1 only on tokens the policy generated (including <eoa>),
-    0 on prompt, observations, gate messages and padding; old_logprobs (B, T) recorded at sampling
-    time (0 off the mask); turn_id (B, T) = turn index on action tokens, -1 elsewhere;
-    decision_pos (B, K) = position of the <act> token before each turn (where V(s_k) is read),
-    turn_mask (B, K) = 1 for real turns; last_pos (B,) = the last token, the <act> closing the final
-    observation (where V(s_K) is read when an outside cut is bootstrapped); episode (B,) = b.
-    """
-    B = len(episodes)
-    K = max(len(ep.turns) for ep in episodes)
-    rows = []
+    """Episodes -> right-padded tensors, one row per episode: the whole multi-turn trajectory in one
+    sequence (the concatenated view). tokens (B, T); action_mask (B, T) = 1 only on tokens the policy
+    generated (including <eoa>), 0 on prompt, observations, gate messages and padding; old_logprobs
+    (B, T) recorded at sampling time (0 off the mask); turn_id (B, T) = turn index on action tokens,
+    -1 elsewhere; decision_pos (B, K) = the <act> before each turn (where V(s_k) is read); turn_mask
+    (B, K) = 1 for real turns; last_pos (B,) = the <act> closing the final observation (V(s_K)); episode (B,) = b."""
+    B, K, rows = len(episodes), max(len(ep.turns) for ep in episodes), []
     for ep in episodes:
         toks, dpos = [], []
         for turn in ep.turns:
@@ -442,32 +426,22 @@ def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
         # END SOLUTION mask
         rows.append((toks + ep.final_obs_tokens, mask, lps, tid, dpos))
     T = max(len(r[0]) for r in rows)
-    out = {"tokens": torch.full((B, T), tok.pad, dtype=torch.long),
-           "action_mask": torch.zeros(B, T), "old_logprobs": torch.zeros(B, T),
-           "turn_id": torch.full((B, T), -1, dtype=torch.long),
-           "decision_pos": torch.zeros(B, K, dtype=torch.long), "turn_mask": torch.zeros(B, K),
-           "last_pos": torch.zeros(B, dtype=torch.long), "episode": torch.arange(B)}
-    for b, (toks, mask, lps, tid, dpos) in enumerate(rows):
-        n, m = len(toks), len(mask)                                 # the final observation and padding stay 0 / -1
-        out["tokens"][b, :n] = torch.tensor(toks)
-        out["action_mask"][b, :m] = torch.tensor(mask, dtype=torch.float)
-        out["old_logprobs"][b, :m] = torch.tensor(lps, dtype=torch.float)
-        out["turn_id"][b, :m] = torch.tensor(tid, dtype=torch.long)
-        out["decision_pos"][b, :len(dpos)] = torch.tensor(dpos)
-        out["turn_mask"][b, :len(dpos)] = 1.0
-        out["last_pos"][b] = n - 1
-    return out
+
+    def padded(lists, width, fill, dtype=torch.float):  # the final observation and padding: 0 in masks, -1 in turn_id
+        return torch.tensor([x + [fill] * (width - len(x)) for x in lists], dtype=dtype)
+    toks, mask, lps, tid, dpos = zip(*rows)
+    return {"tokens": padded(toks, T, tok.pad, torch.long), "action_mask": padded(mask, T, 0),
+            "old_logprobs": padded(lps, T, 0.0), "turn_id": padded(tid, T, -1, torch.long),
+            "decision_pos": padded(dpos, K, 0, torch.long), "turn_mask": padded([[1] * len(d) for d in dpos], K, 0),
+            "last_pos": torch.tensor([len(t) - 1 for t in toks]), "episode": torch.arange(B)}
 
 
 def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
-    """The other view (Agent Lightning, verl-agent, rLLM): one row per model call, holding everything
-    up to that call and the call's own action tokens, which alone are in its mask (turn_id k there,
-    -1 elsewhere, earlier actions included); turn_mask marks its own turn only; episode (R,) says whose
-    row it is. With causal attention the same tokens see the same context in both views, so the same
-    advantages give the same loss; what differs is the bookkeeping, where real frameworks shipped bugs
-    (SkyRL #1492 gave every step the last step's mask), and the cost: K turns of equal length make
-    K rows holding (K + 1) / 2 times the tokens of the one concatenated row: the rows grow with K, their
-    total length with the square of K."""
+    """The other view (Agent Lightning, verl-agent, rLLM): one row per model call, holding everything up
+    to that call; only the call's own action tokens are in its mask (and turn_id, turn_mask); episode (R,)
+    says whose row it is. With causal attention the same advantages give the same loss; what differs is
+    the bookkeeping, where real frameworks shipped bugs (SkyRL #1492 gave every step the last step's
+    mask), and the cost: K equal turns make K rows holding (K + 1) / 2 times the concatenated row's tokens."""
     calls = [(b, k) for b, ep in enumerate(episodes) for k in range(len(ep.turns))]
     out = pack([replace(episodes[b], turns=episodes[b].turns[:k + 1], final_obs_tokens=[]) for b, k in calls],
                tok, block_size)                                                        # (R, T): row = (b, k)
@@ -481,8 +455,7 @@ def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
 
 
 def trim(tokens, action_mask, *per_token):
-    """Cut a minibatch after its last action token: what follows (final observations, padding) costs
-    compute and, with causal attention, changes no loss."""
+    """Cut a minibatch after its last action token: what follows costs compute and (causal attention) changes no loss."""
     T = int(action_mask.any(0).nonzero().max()) + 1
     return (tokens[:, :T], action_mask[:, :T]) + tuple(x[:, :T] for x in per_token)
 
@@ -514,23 +487,18 @@ def discounted_returns(rewards, gamma) -> torch.Tensor:
 
 
 def value_after(ep: Episode, bootstrap_budget: bool = False) -> bool:
-    """Does the future still have value after the last turn, so that a value target bootstraps V(s_K)?
-    Only after a cut from outside the task: the host's token budget or a TimeLimit wrapper, which the
-    policy cannot see and which stop an episode the task would continue. An end state has no future;
-    nor does the task's own turn budget, which every observation shows and after which nothing is
-    paid (Gymnasium, "Handling Time Limits"; Pardo et al. 2018, "Time Limits in Reinforcement
-    Learning"). bootstrap_budget=True is the experiment that gets this wrong (README, E3)."""
+    """Does a value target bootstrap V(s_K) after the last turn? Only after a cut from outside the task
+    (the host's token budget, a TimeLimit wrapper), which the policy cannot see. An end state has no
+    future; nor does the task's own turn budget, which every observation shows (Pardo et al. 2018, "Time
+    Limits in Reinforcement Learning"). bootstrap_budget=True is the experiment that gets this wrong (E3)."""
     return ep.truncated and (ep.truncated_by in OUTSIDE_CUTS or (bootstrap_budget and ep.truncated_by == "turn_budget"))
 
 
 def gae(rewards, values, last_value, bootstrap, gamma, lam):
     """Generalized Advantage Estimation over K turns -> (advantages, returns), both (K,).
-
-    delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), where V(s_K) = last_value if `bootstrap` (the
-    episode was cut from outside the task: see value_after) and 0 otherwise;
-    A_k = delta_k + gamma * lam * A_{k+1};  returns = A + V (the value target). With lam = 1 the
-    deltas telescope: A_k = G_k - V(s_k), REINFORCE with a learned baseline.
-    """
+    delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), where V(s_K) = last_value if `bootstrap` (an outside
+    cut: see value_after) and 0 otherwise; A_k = delta_k + gamma * lam * A_{k+1}; returns = A + V (the
+    value target). With lam = 1 the deltas telescope: A_k = G_k - V(s_k), REINFORCE with a baseline."""
     _unit_interval(gamma, "gamma")
     _unit_interval(lam, "lam")
     r, v = _vector(rewards, "rewards"), _vector(values, "values")
@@ -551,11 +519,9 @@ def gae(rewards, values, last_value, bootstrap, gamma, lam):
 
 def group_advantages(rewards, std="population", eps=1e-6) -> torch.Tensor:
     """GRPO: A_i = (r_i - mean(group)) / (std(group) + eps), along the last dim (one group per row).
-
-    std="population" (default, the chapter's [1,0,0,1] -> [+1,-1,-1,+1]); "unbiased" = Bessel's
-    n-1 as TRL and verl do (about ±0.866); "none" = Dr. GRPO (centre only). A group whose rewards are
-    all equal gets exactly zero advantage, e.g. [0.1] * 7: it carries no signal (zero_std_groups).
-    """
+    std="population" (default, the chapter's [1,0,0,1] -> [+1,-1,-1,+1]); "unbiased" = Bessel's n-1 as
+    TRL and verl do (about ±0.866); "none" = Dr. GRPO (centre only). A group whose rewards are all equal
+    gets exactly zero advantage, e.g. [0.1] * 7: it carries no signal (zero_std_groups)."""
     r = _vector(rewards, "rewards", ndim=None)
     if r.dim() == 0 or r.shape[-1] < 2:
         raise ValueError(f"rewards: need groups of at least 2 along the last dim, got shape {tuple(r.shape)}")
@@ -572,11 +538,9 @@ def group_advantages(rewards, std="population", eps=1e-6) -> torch.Tensor:
 
 
 def step_group_advantages(state_keys, step_returns, std="population", eps=1e-6) -> torch.Tensor:
-    """The chapter's step-level advantage A_t = R - R̄(s_t), with R̄(s_t) estimated without a critic:
-    within one task's group, turns taken in the same state (the same observation history, `state_keys`)
-    form an anchor group, and each turn's return from there is compared with that group's mean (and
-    scaled like GRPO). A state visited once has nothing to compare with: 0 (as in GiGPO). One value per
-    turn, in the order given."""
+    """The chapter's step-level advantage A_t = R - R̄(s_t), R̄(s_t) estimated without a critic: turns taken
+    in the same state (`state_keys`) form an anchor group, and each turn's return from there is compared
+    with that group's mean (scaled like GRPO); a state visited once gets 0 (as in GiGPO). One value per turn."""
     g = _vector(step_returns, "step_returns")
     if len(state_keys) != len(g):
         raise ValueError(f"state_keys ({len(state_keys)}) and step_returns ({len(g)}) must have one entry per turn")
@@ -592,8 +556,7 @@ def broadcast_to_tokens(advantages, turn_id):
     """Per-episode (B,) or per-turn (B, K) advantages -> (B, T) on each action token, 0 elsewhere.
     Copying one number onto every action token says which trajectory was better, not which step."""
     adv = advantages[:, None].expand(-1, max(1, int(turn_id.max()) + 1)) if advantages.dim() == 1 else advantages
-    on_action = turn_id >= 0
-    return torch.where(on_action, adv.gather(1, turn_id.clamp(min=0)), torch.zeros((), device=adv.device))  # (B, T)
+    return torch.where(turn_id >= 0, adv.gather(1, turn_id.clamp(min=0)), torch.zeros((), device=adv.device))  # (B, T)
 
 
 def turn_rewards(ep: Episode, cfg: Config) -> list:
@@ -611,9 +574,8 @@ def group_credit(episodes, cfg: Config) -> tuple:
     """grpo: A = R(τ) normalised within its task's group (Episode.group_id, never positions in the
     batch), the same number on every turn: which trajectory was better, not which step. Returns
     (advantages (B, K), how many groups had all-equal rewards and so no signal)."""
-    K = max(len(ep.turns) for ep in episodes)
     totals, group_of = torch.tensor([sum(turn_rewards(ep, cfg)) for ep in episodes]), [ep.group_id for ep in episodes]
-    adv, n_zero = torch.zeros(len(episodes), K), 0
+    adv, n_zero = torch.zeros(len(episodes), max(len(ep.turns) for ep in episodes)), 0
     for g in dict.fromkeys(group_of):
         members = [b for b, of in enumerate(group_of) if of == g]
         n_zero += int((totals[members] == totals[members[0]]).all())
@@ -623,11 +585,9 @@ def group_credit(episodes, cfg: Config) -> tuple:
 
 def step_credit(episodes, cfg: Config) -> torch.Tensor:
     """stepgroup's step term A^S(s_t), (B, K): within each task's group, turns taken in the same state
-    (state_key) are compared by their discounted return from there (step_group_advantages). Where no
-    state repeats it is 0. Added to grpo's A with weight 1, as GiGPO does, so the outcome signal stays
-    whole and the step term only redistributes credit among turns that shared a state."""
-    K = max(len(ep.turns) for ep in episodes)
-    out = torch.zeros(len(episodes), K)
+    (state_key) are compared by their discounted return from there; 0 where no state repeats. Added to
+    grpo's A with weight 1, as GiGPO does: the step term only redistributes credit among turns that shared a state."""
+    out = torch.zeros(len(episodes), max(len(ep.turns) for ep in episodes))
     for g in dict.fromkeys(ep.group_id for ep in episodes):
         turns = [(b, k) for b, ep in enumerate(episodes) if ep.group_id == g for k in range(len(ep.turns))]
         step_returns = torch.cat([discounted_returns(turn_rewards(episodes[b], cfg), cfg.gamma)
@@ -639,13 +599,10 @@ def step_credit(episodes, cfg: Config) -> torch.Tensor:
 
 
 def critic_credit(batch, episodes, policy, cfg: Config) -> tuple:
-    """gae and reinforce: the value head V(s_k), read at each turn's <act> (the state before the action),
-    gives per-turn GAE advantages; reinforce is GAE with lam = 1 (A_k = G_k - V(s_k)). V after the last
-    turn follows value_after: 0 after an end state or the task's own budget, V(s_K) read at the final
-    observation's <act> after a cut from outside the task. Returns (advantages (B, K), normalised over
-    the batch; value targets (B, K): the lambda-returns A + V, the Monte Carlo return G for reinforce;
-    explained variance 1 - Var[target - V] / Var[target] over the real turns, CleanRL's critic-health
-    figure on the critic's own targets: near 1 it predicts them, <= 0 it explains nothing)."""
+    """gae and reinforce: V(s_k), read at each turn's <act>, gives per-turn GAE advantages (reinforce:
+    lam = 1, A_k = G_k - V(s_k)); V after the last turn follows value_after. Returns (advantages (B, K),
+    normalised over the batch; value targets (B, K), A + V; explained variance 1 - Var[target - V] /
+    Var[target] over the real turns, CleanRL's critic-health figure: near 1 it predicts, <= 0 it explains nothing)."""
     with torch.no_grad():
         _, values = policy(batch["tokens"])                                  # (B, T)
     values, decision_pos, last_pos = values.float().cpu(), batch["decision_pos"].cpu(), batch["last_pos"].cpu()
@@ -676,22 +633,16 @@ def advantages_for(batch, episodes, policy, cfg: Config):
 
 def denied_turns(episodes, K: int) -> torch.Tensor:
     """(B, K) True where the host gate denied the turn's action."""
-    out = torch.zeros(len(episodes), K, dtype=torch.bool)
-    for b, ep in enumerate(episodes):
-        out[b, :len(ep.turns)] = torch.tensor([not t.gate_allowed for t in ep.turns])
-    return out
+    return torch.tensor([[not t.gate_allowed for t in ep.turns] + [False] * (K - len(ep.turns)) for ep in episodes])
 
 
 # ================================================================================================
 # 04 · Objectives
 # ================================================================================================
 def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2):
-    """PPO clipped surrogate, token mean over the action mask.
-
-    r = exp(logp - old_logp); per token l = -min(r*A, clip(r, 1-eps, 1+eps)*A);
-    loss = sum(l * mask) / sum(mask). stats: clip_frac (share of tokens with |r-1| > eps) and
-    approx_kl = mean of k3 = (r - 1) - log r (http://joschu.net/blog/kl-approx.html).
-    """
+    """PPO clipped surrogate, token mean over the action mask. r = exp(logp - old_logp); per token
+    l = -min(r*A, clip(r, 1-eps, 1+eps)*A); loss = sum(l * mask) / sum(mask). stats: clip_frac (share of
+    tokens with |r-1| > eps) and approx_kl = mean of k3 = (r - 1) - log r (http://joschu.net/blog/kl-approx.html)."""
     if not 0.0 < float(clip_eps) < 1.0:
         raise ValueError(f"clip_eps={clip_eps}: must be in (0, 1)")
     logprobs, old_logprobs, advantages, mask = _same_shape(
@@ -722,9 +673,8 @@ def kl_k3(logprobs, ref_logprobs) -> torch.Tensor:
 
 def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta=0.1) -> torch.Tensor:
     """Trajectory DPO: mean over pairs of -log σ(β [(chosen - ref_chosen) - (rejected - ref_rejected)]),
-    each a sequence log-prob (sum over the episode's action tokens). It raises the chosen episode's
-    likelihood relative to the rejected one's, measured against a frozen reference; no environment
-    reward, no advantage, and it says nothing about which step mattered."""
+    each a sequence log-prob (sum over the episode's action tokens). No environment reward, no advantage,
+    and it says nothing about which step mattered."""
     c, r, rc, rr = _same_shape(chosen_logps=chosen_logps, rejected_logps=rejected_logps,
                                ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
     if not float(beta) > 0:
@@ -741,15 +691,11 @@ def sft_loss(logprobs, mask) -> torch.Tensor:
 # ================================================================================================
 # 05 · Training system: the policy, the trajectory store, the warm start, the learner
 # ================================================================================================
-# The policy is a nanoGPT-style decoder with a value head (make_policy; Part II, "The transformer"):
-#   policy(tokens) -> logits (B, T, V) and values (B, T): the next-token distribution and V(s) at every
-#   position; the value that matters is V read at a turn's <act> token, the state before the action.
-#   policy(new_tokens, cache, pos) continues from a KV cache (policy.new_cache()): rollout feeds one
-#   token at a time, so sampling costs one position per token, not the whole context again.
+# The policy (make_policy; Part II, "The transformer"): policy(tokens) -> logits (B, T, V) and V(s) (B, T),
+# read at a turn's <act>; policy(new_tokens, cache, pos) continues from a KV cache (policy.new_cache()).
 
 
-REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split",
-                   "policy_version")
+REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split", "policy_version")
 
 
 class StaleEpisode(ValueError):
@@ -1035,9 +981,8 @@ MAX_COST_GROWTH = 0.25    # tokens, tool calls and credits per solved task may g
 
 
 def sign_test_p(wins: int, losses: int) -> float:
-    """Exact one-sided McNemar test on paired outcomes (a sign test on the discordant tasks: ties carry
-    no information). If the candidate were no better, each discordant task would be a fair coin:
-    p = P(X >= wins) with X ~ Binomial(wins + losses, 1/2)."""
+    """Exact one-sided McNemar test on paired outcomes (ties carry no information): if the candidate were
+    no better, each discordant task would be a fair coin, p = P(X >= wins), X ~ Binomial(wins + losses, 1/2)."""
     # BEGIN SOLUTION sign_test
     n = wins + losses
     return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n
@@ -1045,13 +990,11 @@ def sign_test_p(wins: int, losses: int) -> float:
 
 
 def promotion_decision(candidate: dict, incumbent: dict):
-    """Release gates, decided on the same dev tasks for both policies (paired, task by task). Returns
-    (promoted, reason, gates). Each gate is a dict: gate (its name), value and rule (text for people),
-    passed, and the numbers a script reads: observed, limit (and wins, losses for the first). All must
-    pass: a significant gain (sign_test_p < GATE_LEVEL), no unauthorized side effect, no more safety
-    denials than the incumbent, no category losing more than MAX_CATEGORY_DROP (or one task), and no
-    cost per solved task (generated tokens, tool calls, credits) above (1 + MAX_COST_GROWTH) x the
-    incumbent's."""
+    """Release gates on the same dev tasks for both policies (paired, task by task) -> (promoted, reason,
+    gates); a gate: its name, value and rule (text), passed, observed and limit (and wins, losses). All
+    must pass: a significant gain, no unauthorized side effect, no more safety denials than the incumbent,
+    no category losing more than MAX_CATEGORY_DROP (or one task), no cost per solved task growing by more
+    than MAX_COST_GROWTH."""
     if candidate["task_ids"] != incumbent["task_ids"]:
         raise ValueError("promotion_decision: candidate and incumbent were evaluated on different tasks")
     # BEGIN SOLUTION promotion
@@ -1088,12 +1031,10 @@ def promotion_decision(candidate: dict, incumbent: dict):
 # The loop
 # ================================================================================================
 def train(cfg: Config, progress: bool = True) -> dict:
-    """One run of the chapter's loop: warm start (imitation of a scripted teacher) -> report card of
-    that incumbent -> RL iterations (rollout, trajectory store, credit, update; policy_version + 1
-    each) -> report card of the candidate -> release gates on the paired dev tasks -> promote, or roll
-    back to the incumbent -> summary.json. Resume, torchrun, the async actor, files and monitors are
-    the system around the loop (Part II: start_run, Run.sampling, Run.record, finish_run)."""
-    run = start_run(cfg, progress)                                    # Part II: checks, directory, resume, ranks
+    """The chapter's loop: warm start -> the incumbent's report card -> RL iterations (rollout, store,
+    credit, update; policy_version + 1 each) -> the candidate's report card -> release gates on the paired
+    dev tasks -> promote, or roll back. Resume, torchrun, the async actor, files, monitors: Part II (Run)."""
+    run = Run(cfg, progress)                                          # Part II: checks, directory, resume, ranks
     cfg, tok, policy = run.cfg, run.tok, run.policy
     if run.resumed is None:
         run.warm = warm_start(policy, tok, cfg, run.device, progress and run.lead)
@@ -1125,24 +1066,17 @@ def train(cfg: Config, progress: bool = True) -> dict:
 # torchrun and the async actor, the demonstrator's episodes, the transformer, checkpoints, run
 # directories and resume, the Run record, the report card and monitors (§05 and §07 in practice).
 # ################################################################################################
-# ------------------------------------------------------------------------------------------------
-# Checks on settings, inputs and records
-# ------------------------------------------------------------------------------------------------
+# --- Checks on settings, inputs and records -----------------------------------------------------
 CHOICES = {"env": envs.ENV_IDS, "algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_std": ("population", "unbiased", "none"),
            "device": ("auto", "cpu", "cuda", "mps"), "code_verifier": ("state", "visible_tests"),
            "deny_credit": ("shared", "nonpositive"), "trajectory_view": ("concat", "per_call")}
-
-
 ONLY_FOR = {"injection_rate": ("env", (envs.FLIGHT_ID,)), "code_verifier": ("env", (envs.CODE_ID,)),  # meaningful only there
             "code_bugs": ("env", (envs.CODE_ID,)), "legs": ("env", (envs.FLIGHT_ID,)),
             "bootstrap_budget": ("algo", ("gae", "reinforce")), "lam": ("algo", ("gae",)),
-            "trajectory_view": ("algo", PPO_CREDITS),
-            "vf_coef": ("algo", ("gae", "reinforce")), "gamma": ("algo", ("gae", "reinforce", "stepgroup")),
-            "clip_eps": ("algo", PPO_CREDITS), "adv_std": ("algo", ("grpo", "stepgroup")),
-            "deny_credit": ("algo", PPO_CREDITS), "kl_coef": ("algo", PPO_CREDITS),
-            "process_coef": ("algo", PPO_CREDITS), "dpo_beta": ("algo", ("dpo",))}
-
-
+            "trajectory_view": ("algo", PPO_CREDITS), "vf_coef": ("algo", ("gae", "reinforce")),
+            "gamma": ("algo", ("gae", "reinforce", "stepgroup")), "clip_eps": ("algo", PPO_CREDITS),
+            "adv_std": ("algo", ("grpo", "stepgroup")), "deny_credit": ("algo", PPO_CREDITS),
+            "kl_coef": ("algo", PPO_CREDITS), "process_coef": ("algo", PPO_CREDITS), "dpo_beta": ("algo", ("dpo",))}
 RANGES = {"seed": (0, 2**32 - 1), "eval_seed": (0, 2**32 - 1), "max_turns": (0, envs.MAX_TURNS), "n_layer": (1, 48),
           "n_head": (1, 64), "n_embd": (2, 4096), "block_size": (32, 4096), "max_action_tokens": (5, 64),
           "warm_start_episodes": (0, 10**6), "sft_epochs": (0, 1000), "sft_batch_size": (1, 10**4),
@@ -1179,16 +1113,13 @@ def validate_config(cfg: Config) -> Config:
     if cfg.block_size < least:
         raise ValueError(f"block_size={cfg.block_size}: {cfg.env}{f' with {cfg.legs} legs' if cfg.legs > 1 else ''} "
                          f"needs --block-size {least} or more")
-    for name in ("sft_lr", "lr", "max_grad_norm", "dpo_beta"):
-        if not getattr(cfg, name) > 0:
-            raise ValueError(f"{name}={getattr(cfg, name)}: must be > 0")
-    for name in ("demo_habit", "gamma", "lam", "injection_rate"):
-        _unit_interval(getattr(cfg, name), name)
-    if not 0 < cfg.clip_eps < 1:
-        raise ValueError(f"clip_eps={cfg.clip_eps}: must be in (0, 1)")
-    for name in ("kl_coef", "vf_coef", "process_coef", "sft_weight_decay"):
-        if getattr(cfg, name) < 0:
-            raise ValueError(f"{name}={getattr(cfg, name)}: must be >= 0")
+    for names, rule, holds in ((("sft_lr", "lr", "max_grad_norm", "dpo_beta"), "> 0", lambda x: x > 0),
+                               (("demo_habit", "gamma", "lam", "injection_rate"), "in [0, 1]", lambda x: 0 <= x <= 1),
+                               (("clip_eps",), "in (0, 1)", lambda x: 0 < x < 1),
+                               (("kl_coef", "vf_coef", "process_coef", "sft_weight_decay"), ">= 0", lambda x: x >= 0)):
+        for name in names:
+            if not holds(getattr(cfg, name)):
+                raise ValueError(f"{name}={getattr(cfg, name)}: must be {rule}")
     for name, (key, needed) in ONLY_FOR.items():  # a setting that would silently do nothing is an error
         if getattr(cfg, name) != getattr(Config, name) and getattr(cfg, key) not in needed:
             raise ValueError(f"{name}={getattr(cfg, name)}: only used with {key} in {'/'.join(needed)}; drop it or "
@@ -1255,9 +1186,7 @@ def malformed(ep, vocab_size: int):
                              "[0, 1] or a negative cost)")
 
 
-# ------------------------------------------------------------------------------------------------
-# Environments as configured, seeds
-# ------------------------------------------------------------------------------------------------
+# --- Environments as configured, seeds ----------------------------------------------------------
 def env_class(env_id: str):
     """The environment class behind a gymnasium id; it carries words, tool schema, demonstrator, evaluator."""
     if env_id not in envs.ENV_IDS:
@@ -1266,9 +1195,8 @@ def env_class(env_id: str):
 
 
 def make_env(cfg: Config):
-    """The task as configured. A time_limit is a cut from outside the task (gymnasium's TimeLimit
-    wrapper, which the policy cannot see), unlike the task's own budget (max_turns, shown unless
-    --hide-clock)."""
+    """The task as configured. A time_limit is a cut from outside the task (gymnasium's TimeLimit wrapper,
+    which the policy cannot see), unlike the task's own budget (max_turns, shown unless --hide-clock)."""
     kwargs = {"injection_rate": cfg.injection_rate, "legs": cfg.legs} if cfg.env == envs.FLIGHT_ID else {}
     kwargs.update({"verifier": cfg.code_verifier, "max_bugs": cfg.code_bugs} if cfg.env == envs.CODE_ID else {})
     kwargs.update({"max_turns": cfg.max_turns} if cfg.max_turns else {})
@@ -1285,16 +1213,10 @@ def seed_everything(seed: int):
     torch.manual_seed(seed)
 
 
-# ------------------------------------------------------------------------------------------------
-# Devices, ranks and the async actor
-# ------------------------------------------------------------------------------------------------
+# --- Devices, ranks and the async actor ---------------------------------------------------------
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if name not in ("cpu", "cuda", "mps"):
         raise ValueError(f"device={name!r}: use auto, cpu, cuda or mps")
     if name == "cuda" and not torch.cuda.is_available():
@@ -1330,13 +1252,12 @@ def weights_hash(policy) -> str:
 
 
 def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
-    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1
-    while the learner trains on batch it - 1; a queue of one batch sits between them. Staleness is
-    1 by schedule from the second batch on (the first is sampled before any update, by version 0 itself:
-    staleness 0), the store still checks it, and the actor samples with its own random
-    generator, so the run stays reproducible. Threads suffice: torch releases the GIL in its kernels
-    and a waiting tool call releases it too, which is where the overlap pays (tool_latency_ms). When the
-    learner stops (the end, an error, Ctrl-C), the actor is stopped and joined before anything exits."""
+    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1 while
+    the learner trains on batch it - 1 (a queue of one batch between them): staleness 1 from the second batch
+    on, still checked by the store; the actor's own random generator keeps the run reproducible. Threads
+    suffice: torch's kernels and a waiting tool call release the GIL (tool_latency_ms). When the learner
+    stops (the end, an error, Ctrl-C), the actor is stopped and joined before anything exits."""
+    publish(policy, clock, start)  # the first batch is sampled by the start version itself
     actor, out = copy.deepcopy(policy).eval(), queue.Queue(maxsize=1)
     generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed * 7919 + rank)
 
@@ -1375,17 +1296,15 @@ def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
         thread.join()
 
 
-def publish(policy, clock: dict):
+def publish(policy, clock: dict, version: int):
     """The learner makes its new weights available to the actor (keeping the last two versions)."""
     with clock["cond"]:
-        clock["weights"][clock["version"]] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-        clock["weights"].pop(clock["version"] - 2, None)
+        clock["weights"][version] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        clock["weights"].pop(version - 2, None)
         clock["cond"].notify_all()
 
 
-# ------------------------------------------------------------------------------------------------
-# The demonstrator's episodes: the warm start's data, recorded through the host gate
-# ------------------------------------------------------------------------------------------------
+# --- The demonstrator's episodes: the warm start's data, recorded through the host gate ---------
 def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> list:
     """Scripted demonstrator episodes on the train split, through the same host gate. SFT data is a
     separate recipe: these are not policy samples, so they carry no log-probs and never enter the store."""
@@ -1416,15 +1335,13 @@ def scripted_episode(env, ep: Episode, obs: str, act, tok: Tokenizer, version: i
     return ep
 
 
-SFT_EPOCHS = {envs.FLIGHT_ID: 4, envs.CODE_ID: 8, envs.VAULT_ID: 4}  # sft_epochs 0: copying line, op and constant
-                                                                    # in a code edit takes longer to learn
+SFT_EPOCHS = {envs.FLIGHT_ID: 4, envs.CODE_ID: 8, envs.VAULT_ID: 4}  # sft_epochs 0; a code edit takes longer to copy
 
 
 def sft_lr_at(step: int, steps: int, peak: float) -> float:
-    """Warm-start schedule: `peak` for the first 60 % of the steps, then cosine down to 0. The decay
-    matters: with a constant rate the last few noisy batches decide the learned probabilities, and
-    greedy decoding flips between "always check seats" and "never" (README, "Why the warm start is
-    robust")."""
+    """Warm-start schedule: `peak` for the first 60 % of the steps, then cosine down to 0. With a constant rate
+    the last noisy batches decide the learned probabilities, and greedy decoding flips between "always check
+    seats" and "never" (README, "Why the warm start is robust")."""
     frac = step / steps
     return peak if frac < 0.6 else peak * 0.5 * (1 + math.cos(math.pi * (frac - 0.6) / 0.4))
 
@@ -1528,9 +1445,7 @@ def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
     return GPT(vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd).to(device)
 
 
-# ------------------------------------------------------------------------------------------------
-# Checkpoints, run directories and resume
-# ------------------------------------------------------------------------------------------------
+# --- Checkpoints, run directories and resume ----------------------------------------------------
 CHECKPOINT_FORMAT = "agentic-rl-checkpoint-2"
 
 
@@ -1628,34 +1543,30 @@ def writable_dir(path, flag: str) -> Path:
 RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt", "report.html")
 
 
-def run_files(run: Path, name: str) -> list:
-    """A run file and what an interrupted atomic_write left of it (NAME.*.tmp)."""
-    return [p for p in [run / name, *run.glob(f"{name}.*tmp")] if p.exists()] if run.is_dir() else []
-
-
-def holds_a_run(run: Path) -> list:
-    return [name for name in RUN_FILES if run_files(run, name)]
+def run_files(run: Path) -> dict:
+    """The RUN_FILES that `run` holds -> their paths, with what an interrupted atomic_write left (NAME.*.tmp)."""
+    found = {name: [p for p in [run / name, *run.glob(f"{name}.*tmp")] if p.exists()] for name in RUN_FILES} \
+        if run.is_dir() else {}
+    return {name: paths for name, paths in found.items() if paths}
 
 
 def prepare_run_dir(cfg: Config) -> Path:
-    """A run directory holds one run. The default (run_dir "") is a new directory each time, numbered like
-    TensorBoard's versions: runs/flightbooking-grpo-s0, then runs/flightbooking-grpo-s0-2, ... An explicit run_dir that
-    holds another run is refused unless --overwrite, which deletes that run's files first, so a directory
-    never mixes two runs even if this one is interrupted."""
+    """A run directory holds one run. The default (run_dir "") is a new one each time, numbered like TensorBoard's
+    versions (runs/flightbooking-grpo-s0, then ...-s0-2); an explicit run_dir that holds another run is refused
+    unless --overwrite, which deletes that run's files first, so a directory never mixes two runs."""
     if cfg.run_dir:
         run = Path(cfg.run_dir)
     else:
         stem = f"runs/{cfg.env.split('/')[-1].split('-')[0].lower()}-{cfg.algo}-s{cfg.seed}"
-        run = next(r for r in (Path(stem + (f"-{n}" if n > 1 else "")) for n in range(1, 10**6)) if not holds_a_run(r))
-    old = holds_a_run(run)
+        run = next(r for r in (Path(stem + (f"-{n}" if n > 1 else "")) for n in range(1, 10**6)) if not run_files(r))
+    old = run_files(run)
     if old and not cfg.overwrite:
         raise ValueError(f"run_dir={cfg.run_dir}: holds another run ({', '.join(old)}); pass --overwrite to "
                          f"replace it or choose a new --run-dir")
     try:
         run.mkdir(parents=True, exist_ok=True)
-        for name in old:
-            for f in run_files(run, name):
-                f.unlink(missing_ok=True)
+        for f in (f for paths in old.values() for f in paths):
+            f.unlink(missing_ok=True)
         atomic_write(run / "metrics.jsonl", lambda f: None)  # fail now, not after training, if it is not writable
     except OSError as e:
         raise ValueError(f"run_dir={run}: cannot write there ({e.strerror})") from None
@@ -1709,37 +1620,48 @@ def load_run_state(run_dir: str) -> tuple:
     return state, cfg
 
 
-# ------------------------------------------------------------------------------------------------
-# A run: what train() carries, starts and finishes
-# ------------------------------------------------------------------------------------------------
-@dataclass
+# --- A run: what train() carries, starts and finishes -------------------------------------------
 class Run:
-    """What a training run carries besides the loop itself: its settings, rank, device and directory,
-    the policy and its optimizer, store and gradient monitor, the metrics so far, the incumbent's
-    report cards, the policy version, a resumed state (or None), and the phase clocks."""
-    cfg: Config
-    rank: int
-    world: int
-    device: torch.device
-    dir: Path
-    tok: Tokenizer
-    policy: nn.Module
-    optimizer: torch.optim.Optimizer
-    store: TrajectoryStore
-    grads: GradMonitor
-    resumed: dict | None
-    progress: bool
-    history: list = field(default_factory=list)
-    warm: dict = field(default_factory=lambda: {"demo_success": None})
-    incumbent: dict | None = None
-    version: int = 0
-    seconds: Counter = field(default_factory=Counter)
-    t0: float = field(default_factory=time.time)
-    model: nn.Module | None = None           # the policy, wrapped in DistributedDataParallel under torchrun
-    ref_policy: nn.Module | None = None      # the frozen warm start, for dpo and --kl-coef
-    clock: dict | None = None                # the policy version and weights the async actor reads
-    log: object = None                       # metrics.jsonl, open while the iterations run
-    hashes: list | None = None               # each rank's weights hash, under torchrun
+    """What a training run carries besides the loop itself: its settings, rank, device and directory, the
+    policy, optimizer, store and gradient monitor, the metrics so far, the incumbent's report cards, the
+    policy version, a resumed state (or None), and the phase clocks."""
+
+    def __init__(self, cfg: Config, progress: bool):
+        """Validate, or take an interrupted run's own settings (--resume); join torchrun's ranks; seed; make
+        the run directory (rank 0); build the tokenizer, policy, optimizer, store; restore a resumed state."""
+        validate_config(cfg)
+        state = None
+        if cfg.resume:  # the interrupted run's own settings, in the directory given
+            changed = [f"--{f.name.replace('_', '-')}" for f in fields(Config) if f.name != "resume" and
+                       getattr(cfg, f.name) != f.default]
+            if changed:
+                raise ValueError(f"--resume continues the interrupted run with its own settings; drop {', '.join(changed)}")
+            state, saved = load_run_state(cfg.resume)
+            cfg = replace(saved, resume=cfg.resume, run_dir=cfg.resume)
+        self.rank, self.world, self.device = init_distributed(cfg)
+        seed_everything(cfg.seed)
+        self.dir = prepare_run_dir(cfg) if self.lead and not state else Path(cfg.run_dir)
+        self.cfg = cfg = replace(cfg, run_dir=str(self.dir)) if self.lead else cfg
+        self.tok = make_tokenizer(cfg.env)
+        self.policy = make_policy(cfg, len(self.tok), self.device)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.store, self.grads = TrajectoryStore(cfg.max_staleness, len(self.tok)), GradMonitor()
+        self.resumed, self.progress, self.seconds, self.t0 = state, progress, Counter(), time.time()
+        self.history, self.warm, self.incumbent, self.version = [], {"demo_success": None}, None, 0
+        # set by sampling(): the policy wrapped in DistributedDataParallel under torchrun, the frozen warm start
+        # (dpo, --kl-coef), what the async actor reads, metrics.jsonl while open, each rank's weights hash
+        self.model = self.ref_policy = self.clock = self.log = self.hashes = None
+        self.say(f"config: {json.dumps(asdict(cfg))}")
+        self.say(f"policy: {sum(p.numel() for p in self.policy.parameters()):,} parameters, vocabulary {len(self.tok)}, "
+                 f"device {self.device}" + (f", {self.world} ranks" if self.world > 1 else ""))
+        if state:  # every piece of state as it was after the last completed iteration
+            load_policy_weights(self.policy, state["model"], f"--resume {cfg.resume}")
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.history, self.incumbent, self.warm, self.version = (state["history"], state["incumbent"],
+                                                                     state["warm"], state["version"])
+            self.grads.norms.extend(state["grad_norms"])
+            self.grads.skipped, self.store.seen_ids = state["skipped_updates"], set(state["seen_ids"])
+            self.say(f"resumed {cfg.run_dir} after iteration {len(self.history) - 1} (policy_version {self.version})")
 
     @property
     def lead(self) -> bool:
@@ -1768,11 +1690,9 @@ class Run:
 
     @contextlib.contextmanager
     def sampling(self):
-        """The seam between train()'s loop and the system: the DDP wrapper, the frozen reference, a resumed
-        run's random state, metrics.jsonl; with --async-rollout it yields an actor (async_batches) that
-        samples the next batch with policy version - 1 while the learner trains, else None. On the way
-        out the actor is stopped and joined, a Ctrl-C says how to resume, and under torchrun the replicas
-        compare their weights' hashes and the run fails loudly if they differ (DDP must keep them equal)."""
+        """The seam between train()'s loop and the system: the DDP wrapper, the frozen reference, a resumed run's
+        random state, metrics.jsonl; yields the async actor (async_batches) or None. On the way out the actor
+        is joined, a Ctrl-C says how to resume, and torchrun's replicas must end with equal weights."""
         cfg = self.cfg
         self.model = torch.nn.parallel.DistributedDataParallel(self.policy, find_unused_parameters=True) \
             if self.world > 1 else self.policy
@@ -1781,9 +1701,7 @@ class Run:
                                else copy.deepcopy(self.policy)).eval()
         if self.resumed:
             set_rng_state(self.resumed["rng"])  # last, so that building anything above draws nothing from it
-        self.clock = {"version": self.version, "weights": {}, "cond": threading.Condition(), "stop": False}
-        if cfg.async_rollout:
-            publish(self.policy, self.clock)
+        self.clock = {"weights": {}, "cond": threading.Condition(), "stop": False}
         actor = async_batches(self.policy, self.tok, cfg, len(self.history), self.clock, self.rank) \
             if cfg.async_rollout else None
         t_rl = time.time()
@@ -1817,9 +1735,8 @@ class Run:
         greedy dev check, one line of metrics.jsonl and state.pt (rank 0)."""
         self.seconds["rollout"] += rollout_seconds
         self.seconds["learner"] += m["learner_seconds"]
-        self.clock["version"] = self.version
         if self.cfg.async_rollout:
-            publish(self.policy, self.clock)
+            publish(self.policy, self.clock, self.version)
         it = len(self.history)
         m.update(iteration=it, policy_version=self.version, world_size=self.world,
                  rollout_seconds=round(rollout_seconds, 3),
@@ -1835,41 +1752,6 @@ class Run:
             self.log.flush()  # a failing write stops the run now, not after the last iteration
             save_run_state(self)
             tqdm.write(log_line(it, m), file=sys.stdout)
-
-
-def start_run(cfg: Config, progress: bool) -> Run:
-    """Validate, or take an interrupted run's own settings (--resume); join torchrun's ranks; seed; make
-    the run directory (rank 0); build the tokenizer, policy, optimizer, store; restore a resumed state."""
-    validate_config(cfg)
-    state = None
-    if cfg.resume:  # the interrupted run's own settings, in the directory given
-        changed = [f"--{f.name.replace('_', '-')}" for f in fields(Config) if f.name != "resume" and
-                   getattr(cfg, f.name) != f.default]
-        if changed:
-            raise ValueError(f"--resume continues the interrupted run with its own settings; drop {', '.join(changed)}")
-        state, saved = load_run_state(cfg.resume)
-        cfg = replace(saved, resume=cfg.resume, run_dir=cfg.resume)
-    rank, world, device = init_distributed(cfg)
-    seed_everything(cfg.seed)
-    run_dir = prepare_run_dir(cfg) if rank == 0 and not state else Path(cfg.run_dir)
-    cfg = replace(cfg, run_dir=str(run_dir)) if rank == 0 else cfg
-    tok = make_tokenizer(cfg.env)
-    policy = make_policy(cfg, len(tok), device)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
-    run = Run(cfg, rank, world, device, run_dir, tok, policy, optimizer, TrajectoryStore(cfg.max_staleness, len(tok)),
-              GradMonitor(), state, progress)
-    run.say(f"config: {json.dumps(asdict(cfg))}")
-    run.say(f"policy: {sum(p.numel() for p in policy.parameters()):,} parameters, vocabulary {len(tok)}, device "
-            f"{device}" + (f", {world} ranks" if world > 1 else ""))
-    if state:  # every piece of state as it was after the last completed iteration
-        load_policy_weights(policy, state["model"], f"--resume {cfg.resume}")
-        optimizer.load_state_dict(state["optimizer"])
-        run.history, run.incumbent, run.warm, run.version = state["history"], state["incumbent"], state["warm"], \
-            state["version"]
-        run.grads.norms.extend(state["grad_norms"])
-        run.grads.skipped, run.store.seen_ids = state["skipped_updates"], set(state["seen_ids"])
-        run.say(f"resumed {cfg.run_dir} after iteration {len(run.history) - 1} (policy_version {run.version})")
-    return run
 
 
 def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: list) -> dict:
@@ -1914,9 +1796,7 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     return summary
 
 
-# ------------------------------------------------------------------------------------------------
-# Monitors: the report card, the gradient spike rule, the console line, the learning curve
-# ------------------------------------------------------------------------------------------------
+# --- Monitors: the report card, the gradient spike rule, the console line, the learning curve ---
 def wilson_interval(successes: int, n: int, z: float = 1.96):
     """95 % Wilson score interval for a success rate (honest near 0 and 1, unlike p ± 1.96·se)."""
     if n == 0:
@@ -1946,46 +1826,38 @@ def holdout_tasks(cfg: Config, part: str, n: int) -> list:
 
 
 def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seconds: float) -> dict:
-    """evaluate()'s report card: success with its Wilson interval, per category, safety (gate denials,
-    side effects, injection attempts), pass^k, efficiency (tokens, tool calls, credits per episode and
-    per solved task)."""
+    """evaluate()'s report card: success with its Wilson interval, per category, safety (gate denials, side
+    effects, injection attempts), pass^k, efficiency (tokens, tool calls, credits per episode and per success)."""
     n, success = len(episodes), [int(v.success) for v in verdicts]
     turns = [t for ep in episodes for t in ep.turns]
     denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
     # flight tasks may carry an injected note; the other environments have none
     injected = [(env.unwrapped.state.task.injection, ep) for env, ep in zip(env_list, episodes)
                 if getattr(getattr(env.unwrapped.state, "task", None), "injection", None)]
-    categories = {}
-    for v in verdicts:
-        categories.setdefault(v.category, []).append(v.success)
+    categories = {c: [v.success for v in verdicts if v.category == c] for c in sorted({v.category for v in verdicts})}
     tokens, calls = sum(len(t.action_tokens) for t in turns), sum(t.gate_allowed for t in turns)
     credits, solved = sum(t.cost for t in turns), sum(success)
     lo, hi = wilson_interval(solved, n)
+    per_success = lambda total: round(total / solved, 3) if solved else None
     return {"part": part, "episodes": n, "success": solved / n, "ci95": [round(lo, 4), round(hi, 4)],
             "task_ids": task_ids, "per_task": success,
-            "categories": {c: {"tasks": len(x), "success": round(float(np.mean(x)), 4)} for c, x in sorted(categories.items())},
+            "categories": {c: {"tasks": len(x), "success": round(float(np.mean(x)), 4)} for c, x in categories.items()},
             "evaluator_agrees_with_reward": float(np.mean([s == (ep.reward >= 1) for s, ep in zip(success, episodes)])),
             "mean_turns": float(np.mean([len(ep.turns) for ep in episodes])),
             "truncation_rate": float(np.mean([ep.truncated for ep in episodes])),
             "invalid_action_rate": float(np.mean([t.invalid for t in turns])),
             "gate_denials": dict(sorted(denials.items())),
             "safety_denials": sum(denials[r] for r in SAFETY_RULES),
-            "side_effects": sum(v.side_effects for v in verdicts),
-            "unauthorized_side_effects": sum(v.unauthorized_side_effects for v in verdicts),
-            "repeated_side_effects": sum(v.repeated_side_effects for v in verdicts),
+            **{k: sum(getattr(v, k) for v in verdicts) for k in ("side_effects", "unauthorized_side_effects",
+                                                                 "repeated_side_effects")},
             "injected_episodes": len(injected),
             "injection_follow_attempts": sum(envs.injection_followed(inj, [t.action_text for t in ep.turns])
                                              for inj, ep in injected),
             **passes,
             "efficiency": {"tokens_per_episode": round(tokens / n, 3), "tool_calls_per_episode": round(calls / n, 3),
-                           "credits_per_episode": round(credits / n, 3), "tokens_per_success": per_success(tokens, solved),
-                           "tool_calls_per_success": per_success(calls, solved),
-                           "credits_per_success": per_success(credits, solved),
+                           "credits_per_episode": round(credits / n, 3), "tokens_per_success": per_success(tokens),
+                           "tool_calls_per_success": per_success(calls), "credits_per_success": per_success(credits),
                            "wall_seconds": round(seconds, 2)}}
-
-
-def per_success(total: float, successes: int):
-    return round(total / successes, 3) if successes else None
 
 
 class GradMonitor:
@@ -2007,9 +1879,8 @@ class GradMonitor:
 
 
 def batch_monitors(episodes, cfg: Config) -> dict:
-    """What one batch of training episodes did (learn() adds what the update did): success, reward,
-    turns, cuts by name, invalid actions, gate denials by rule, tool calls and errors, cost, process
-    rewards, generated tokens."""
+    """What one batch of training episodes did (learn() adds what the update did): success, reward, turns,
+    cuts by name, invalid actions, gate denials by rule, tool calls and errors, cost, process rewards, tokens."""
     turns = [t for ep in episodes for t in ep.turns]
     return {"success": float(np.mean([ep.reward >= 1.0 for ep in episodes])),
             "reward": float(np.mean([sum(turn_rewards(ep, cfg)) for ep in episodes])),
@@ -2027,8 +1898,8 @@ def batch_monitors(episodes, cfg: Config) -> dict:
 def log_line(it: int, m: dict) -> str:
     keys = [("success", "{:.3f}"), ("turns", "{:.2f}"), ("clip_frac", "{:.3f}"), ("approx_kl", "{:.4f}"),
             ("entropy", "{:.3f}"), ("zero_std_groups", "{}"), ("explained_variance", "{:.2f}"), ("kept", "{}"),
-            ("dpo_pairs", "{}"),
-            ("invalid_rate", "{:.3f}"), ("grad_norm", "{:.2f}"), ("staleness_max", "{}"), ("episodes_per_second", "{:.0f}")]
+            ("dpo_pairs", "{}"), ("invalid_rate", "{:.3f}"), ("grad_norm", "{:.2f}"), ("staleness_max", "{}"),
+            ("episodes_per_second", "{:.0f}")]
     return f"iter {it:3d} | " + " | ".join(f"{k} {fmt.format(m[k])}" for k, fmt in keys if m.get(k) is not None)
 
 
@@ -2044,36 +1915,30 @@ def learning_curve(values, width: int = 60, height: int = 6) -> str:
     return "\n".join(lines)
 
 
-def card_labels(columns: dict) -> dict:
-    """Row labels that say how each outcome was measured: success is greedy decoding on every held-out
-    task; pass^k samples k trials on each of the first pass_k_tasks tasks."""
-    first = next(iter(columns.values()))
-    k = len([1 for key in first if key.startswith("pass^")])
-    return {"success": f"success (greedy, {first['episodes']})", f"pass^{k}": f"pass^{k} ({k} sampled each)"}
-
-
 def report_card_rows(columns: dict) -> list:
-    """(group, key, the value of each column as printed) per report-card line: the terminal and report.html."""
-    rows = [("outcome", "success"), ("", "ci95"), ("", f"pass^{len([1 for k in next(iter(columns.values())) if k.startswith('pass^')])}")]
-    rows += [("category", c) for c in next(iter(columns.values()))["categories"]]
-    rows += [("safety", k) for k in ("safety_denials", "unauthorized_side_effects", "repeated_side_effects",
-                                     "injection_follow_attempts")]
-    rows += [("efficiency", k) for k in ("mean_turns", "truncation_rate", "invalid_action_rate", "tokens_per_episode",
-                                         "tool_calls_per_episode", "credits_per_episode", "credits_per_success")]
+    """(group, key, label, the value of each column as printed) per report-card line, for the terminal and
+    report.html. The labels say how an outcome was measured: success greedy on every held-out task,
+    pass^k with k sampled trials on each of the first pass_k_tasks tasks."""
+    first = next(iter(columns.values()))
+    k = sum(key.startswith("pass^") for key in first)
+    labels = {"success": f"success (greedy, {first['episodes']})", f"pass^{k}": f"pass^{k} ({k} sampled each)"}
+    rows = [("outcome", "success"), ("", "ci95"), ("", f"pass^{k}")] + [("category", c) for c in first["categories"]]
+    rows += [("safety", key) for key in ("safety_denials", "unauthorized_side_effects", "repeated_side_effects",
+                                         "injection_follow_attempts")]
+    rows += [("efficiency", key) for key in ("mean_turns", "truncation_rate", "invalid_action_rate", "tokens_per_episode",
+                                             "tool_calls_per_episode", "credits_per_episode", "credits_per_success")]
 
     def value(report, key):
         v = report.get(key, report["efficiency"].get(key, report["categories"].get(key, {}).get("success")))
         return f"{v:.3f}" if isinstance(v, float) else str(v)
-    return [(group, key, [value(r, key) for r in columns.values()]) for group, key in rows]
+    return [(group, key, labels.get(key, key), [value(r, key) for r in columns.values()]) for group, key in rows]
 
 
 def format_report_card(columns: dict) -> str:
     """One column per (policy, part), one row per report-card line."""
-    lines = [f"{'report card':<36}" + "".join(f"{name:>22}" for name in columns)]
-    label = card_labels(columns)
-    lines += [f"{group:<11}{label.get(key, key):<25}" + "".join(f"{v:>22}" for v in values)
-              for group, key, values in report_card_rows(columns)]
-    return "\n".join(lines)
+    return "\n".join([f"{'report card':<36}" + "".join(f"{name:>22}" for name in columns)] +
+                     [f"{group:<11}{label:<25}" + "".join(f"{v:>22}" for v in values)
+                      for group, _, label, values in report_card_rows(columns)])
 
 
 # ################################################################################################
@@ -2148,12 +2013,10 @@ def held_out_groups(policy, tok, cfg: Config, version: int, part: str, n_groups:
 
 def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", part: str = "test", credit: str = "",
          html_path: str | None = None):
-    """Audit episodes before promotion: sample a training-style group (group_size episodes, temperature 1)
-    on held-out tasks, compute the advantages the learner would use (or another credit's, --credit),
-    and print episodes turn by turn: [bracketed] tokens are the policy's own (action_mask 1), the rest
-    is context; with the gate's decision, the reward, the advantage and the independent evaluator's
-    verdict. Where fewer than n episodes of the asked kind turn up in 25 groups, it says so and shows
-    the other kind. html_path: also draw the checkpoint's report.html there (report_page)."""
+    """Audit episodes before promotion: training-style groups on held-out tasks with the advantages the
+    learner would use (or --credit's), printed turn by turn: [bracketed] tokens are the policy's own
+    (action_mask 1), the rest context; the gate's decision, reward, advantage and the evaluator's verdict.
+    html_path: also draw the checkpoint's report.html there."""
     if n < 1:
         raise ValueError(f"--n {n}: must be >= 1")
     if html_path:
@@ -2190,15 +2053,13 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
 def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
     """Play an environment yourself through the same host gate the policy faces (reads stdin, so it
     can be piped). Prints what the policy would see; type a tool call per line."""
-    stream = stream or sys.stdin
-    cfg = validate_config(Config(env=env_id, seed=seed))
-    env = make_env(cfg)
+    env = make_env(validate_config(Config(env=env_id, seed=seed)))
     obs, info = env.reset(seed=seed, options={"split": split})
     gate, cls = HostGate.for_env(env), env_class(env_id)
     print(f"{env_id} task {info['task_id']} ({split}); tools: " +
           ", ".join(f"{t} {' '.join('<' + a + '>' for a in args)}".strip() for t, args in cls.tool_schema.items()))
     print(f"obs  {obs}")
-    for line in stream:
+    for line in stream or sys.stdin:
         obs, reward, terminated, truncated, _, decision = host_step(env, gate, line.strip())
         print(f"act  {line.strip()}\nobs  {obs}   (gate {decision.reason}, reward {reward}"
               f"{', terminated' if terminated else ''}{', truncated' if truncated else ''})")
@@ -2211,10 +2072,9 @@ def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
 
 
 def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool = True) -> dict:
-    """Every route on the same tasks: per seed one warm start, reused by every route; each route then
-    gets the same budget of environment episodes (iterations x tasks_per_iter x group_size) and is
-    judged on the same held-out test tasks. Writes OUT/compare.json with learning curves."""
-    device, rows = resolve_device(cfg.device), {"warm start": []} | {a: [] for a in algos}
+    """Every route on the same tasks: per seed one warm start, reused by every route; each route then gets the
+    same episode budget and is judged on the same held-out test tasks. Writes OUT/compare.json and compare.html."""
+    device, runs = resolve_device(cfg.device), {"warm start": []} | {a: [] for a in algos}  # (seed, report, s, history)
     writable_dir(out, "--out")
     for seed in seeds:
         base = validate_config(replace(cfg, seed=seed, algo="grpo"))
@@ -2224,7 +2084,7 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
         t = time.time()
         warm_start(policy, tok, base, device, progress)
         warm_seconds, warm = time.time() - t, copy.deepcopy(policy.state_dict())
-        rows["warm start"].append({"seed": seed, "report": evaluate(policy, tok, base, "test"), "wall_seconds": warm_seconds})
+        runs["warm start"].append((seed, evaluate(policy, tok, base, "test"), warm_seconds, []))
         for algo in algos:
             run_cfg = validate_config(replace(base, algo=algo))
             seed_everything(seed)            # every route starts from the same weights and the same random state
@@ -2235,27 +2095,25 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
             for it in tqdm(range(run_cfg.iterations), desc=f"seed {seed} {algo}", disable=not progress, leave=False):
                 history.append(learn(policy, optimizer, ref, tok, run_cfg, store, grads,
                                      collect(policy, tok, run_cfg, it, it), it))
-            curve = [round(m["success"], 4) for m in history]
-            rows[algo].append({"seed": seed, "report": evaluate(policy, tok, run_cfg, "test"),
-                               "wall_seconds": time.time() - t, "curve": curve,
-                               "first_at_0.9": next((i for i, x in enumerate(curve) if x >= 0.9), None),
-                               "train_truncation": round(float(np.mean([m["truncation_rate"] for m in history])), 4),
-                               "explained_variance": history[-1]["explained_variance"] if history else None,
-                               **{k: sum(m[k] for m in history) for k in ("generated_tokens", "tool_calls", "learner_steps")}})
-    per_route = {}
-    for route, runs in rows.items():
-        success = [r["report"]["success"] for r in runs]
+            runs[algo].append((seed, evaluate(policy, tok, run_cfg, "test"), time.time() - t, history))
+    per_route, k = {}, f"pass^{cfg.pass_k}"
+    for route, rs in runs.items():
+        start_only, success = route == "warm start", [r["success"] for _, r, _, _ in rs]
+        curves = [[round(m["success"], 4) for m in h] for *_, h in rs]
         per_route[route] = {"test_success_mean": round(float(np.mean(success)), 4), "min": min(success), "max": max(success),
-                            "per_seed": [{"seed": r["seed"], "success": r["report"]["success"], "ci95": r["report"]["ci95"],
-                                          "pass^k": r["report"][f"pass^{cfg.pass_k}"], "first_at_0.9": r.get("first_at_0.9"),
-                                          "test_truncation": r["report"]["truncation_rate"],
-                                          "train_truncation": r.get("train_truncation"),
-                                          "explained_variance": r.get("explained_variance")} for r in runs],
-                            "pass^k_mean": round(float(np.mean([r["report"][f"pass^{cfg.pass_k}"] for r in runs])), 4),
-                            "env_episodes": 0 if route == "warm start" else cfg.iterations * cfg.tasks_per_iter * cfg.group_size,
-                            "wall_seconds_mean": round(float(np.mean([r["wall_seconds"] for r in runs])), 1),
-                            **{k: int(np.mean([r.get(k, 0) for r in runs])) for k in ("generated_tokens", "tool_calls", "learner_steps")},
-                            "curves": [r.get("curve", []) for r in runs]}
+                            "per_seed": [{"seed": seed, "success": r["success"], "ci95": r["ci95"], "pass^k": r[k],
+                                          "first_at_0.9": next((i for i, x in enumerate(curve) if x >= 0.9), None),
+                                          "test_truncation": r["truncation_rate"],
+                                          "train_truncation": None if start_only else
+                                          round(float(np.mean([m["truncation_rate"] for m in h])), 4),
+                                          "explained_variance": h[-1]["explained_variance"] if h else None}
+                                         for (seed, r, _, h), curve in zip(rs, curves)],
+                            "pass^k_mean": round(float(np.mean([r[k] for _, r, _, _ in rs])), 4),
+                            "env_episodes": 0 if start_only else cfg.iterations * cfg.tasks_per_iter * cfg.group_size,
+                            "wall_seconds_mean": round(float(np.mean([s for _, _, s, _ in rs])), 1),
+                            **{key: int(np.mean([sum(m[key] for m in h) for *_, h in rs]))
+                               for key in ("generated_tokens", "tool_calls", "learner_steps")},
+                            "curves": curves}
     result = {"env": cfg.env, "seeds": list(seeds), "iterations": cfg.iterations, "episodes_per_iteration":
               cfg.tasks_per_iter * cfg.group_size, "eval_episodes": cfg.eval_episodes, "part": "test",
               "routes": per_route, "config": asdict(cfg)}
@@ -2280,10 +2138,9 @@ PEERS = {"TRL 1.16 GRPOTrainer, reference unit, this 2-core CPU": "73 ms/step (6
 
 
 def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> dict:
-    """Speed and memory figures, printed and written to OUT/bench.json; timed here, never in tests.
-    rollout: the same greedy batch decoded with the KV cache and by full recompute (every step re-reads
-    the whole prefix); learner: PPO steps on packed episodes; the reference unit peers are measured on:
-    64 sequences x 46 tokens, a ~147k-parameter model, one optimizer step (forward, backward, clip, AdamW)."""
+    """Speed and memory figures, printed and written to OUT/bench.json; timed here, never in tests. rollout:
+    the same greedy batch decoded with the KV cache and by full recompute; learner: PPO steps on packed
+    episodes; the reference unit the peers were measured on: 64 x 46 tokens, ~147k parameters, one AdamW step."""
     import resource
     dev, reps = resolve_device(device), 3 if quick else 20
     writable_dir(out, "--out")  # fail now, not after a minute of timing
@@ -2350,27 +2207,23 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
               "cuda_max_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev.type == "cuda" else None}
     atomic_write(Path(out) / "bench.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
-    r, l, u = report["rollout"], report["learner"], report["reference_unit"]
-    print(f"device {report['device']}, {report['threads']} threads{' (quick: tiny sizes, not figures to quote)' if quick else ''}")
-    print(f"rollout  {B} x ({P} prompt + {N} generated) tokens: KV cache {r['kv_cache_tokens_per_s']:,} tokens/s, "
+    r, u = report["rollout"], report["reference_unit"]
+    print(f"device {dev}, {report['threads']} threads{' (quick: tiny sizes, not figures to quote)' if quick else ''}\n"
+          f"rollout  {B} x ({P} prompt + {N} generated) tokens: KV cache {r['kv_cache_tokens_per_s']:,} tokens/s, "
           f"full recompute {r['full_recompute_tokens_per_s']:,} tokens/s, speed-up x{r['kv_cache_speedup']}")
-    print(f"learner  {l['tokens_per_step']:,} tokens per PPO step: {l['ms_per_step']} ms, {l['tokens_per_s']:,} tokens/s")
-    for view, v in views.items():
-        print(f"view {view:<9} {v['rows']} rows for {len(demos)} episodes, {v['tokens_per_episode']} tokens per episode, "
-              f"{v['ms_per_step']} ms per PPO step")
-    print(f"reference unit ({u['parameters']:,} parameters, 64 x 46 tokens, one AdamW step): {u['ms_per_step']} ms")
-    for peer, figure in PEERS.items():
-        print(f"  peer: {peer}: {figure}")
-    print(f"peak RSS {report['peak_rss_mb']} MB" + (f", CUDA max allocated {report['cuda_max_allocated_mb']} MB" if dev.type == "cuda" else ""))
-    print(f"wrote {Path(out) / 'bench.json'}")
+    for view, v in views.items():  # concat is the learner's own view
+        print(f"learner  {view:<9} {v['rows']} rows for {len(demos)} episodes, {v['tokens_per_step']:,} tokens per "
+              f"PPO step: {v['ms_per_step']} ms, {round(v['tokens_per_step'] / v['ms_per_step'] * 1000):,} tokens/s")
+    print(f"reference unit ({u['parameters']:,} parameters, 64 x 46 tokens, one AdamW step): {u['ms_per_step']} ms; peers: "
+          + "; ".join(f"{peer}: {figure}" for peer, figure in PEERS.items()))
+    print(f"peak RSS {report['peak_rss_mb']} MB" + (f", CUDA max allocated {report['cuda_max_allocated_mb']} MB"
+                                                   if dev.type == "cuda" else "") + f"; wrote {Path(out) / 'bench.json'}")
     return report
 
 
-# ------------------------------------------------------------------------------------------------
-# Pictures: report.html (every run), compare.html, examples --html. One self-contained page each:
-# inline SVG and CSS, no script, nothing fetched; every drawn number also sits in a data- attribute,
-# so a test can read it back and compare it with metrics.jsonl, summary.json or compare.json.
-# ------------------------------------------------------------------------------------------------
+# --- Pictures: report.html (every run), compare.html, examples --html -----------------------------
+# One self-contained page each: inline SVG and CSS, no script, nothing fetched; every drawn number also sits
+# in a data- attribute, so a test can read it back and compare it with metrics.jsonl, summary.json, compare.json.
 CSS = """body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;background:#f6f7f9;color:#1d2430;
 max-width:1260px;margin:0 auto;padding:20px 28px}h1{font-size:23px;margin:4px 0}h2{font-size:18px;margin:26px 0 6px}
 .sub{color:#556070}.grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;background:#fff;border:1px solid #e1e4e8;
@@ -2487,10 +2340,9 @@ def gates_html(summary: dict) -> str:
     r = summary["reports"]
     cols = {"incumbent dev": r["incumbent"]["dev"], "candidate dev": r["candidate"]["dev"],
             "incumbent test": r["incumbent"]["test"], "candidate test": r["candidate"]["test"]}
-    labels = card_labels(cols)
-    card = table(["report card", ""] + list(cols), [[esc(g), esc(labels.get(k, k))] + [esc(v) for v in vals]
-                                                    for g, k, vals in report_card_rows(cols)],
-                 [f" data-row='{esc(k)}'" for _, k, _ in report_card_rows(cols)])
+    rows = report_card_rows(cols)
+    cells = [[esc(g), esc(label)] + [esc(v) for v in vals] for g, _, label, vals in rows]
+    card = table(["report card", ""] + list(cols), cells, [f" data-row='{esc(k)}'" for _, k, _, _ in rows])
     num = lambda x: "&ndash;" if x is None else esc(f"{x:.4g}" if isinstance(x, float) else x)
     gates = table(["release gate", "value", "rule", "observed", "limit", "verdict"],
                   [[esc(g["gate"]), esc(g["value"]), esc(g["rule"]), num(g["observed"]), num(g["limit"]),
@@ -2602,28 +2454,16 @@ def examples_page(ex: dict) -> str:
                 f"{-scale:+.2f}<span class='scale'></span>{scale:+.2f}</p>", group)
 
 
-# ------------------------------------------------------------------------------------------------
-# The command line
-# ------------------------------------------------------------------------------------------------
+# --- The command line ---------------------------------------------------------------------------
 def add_config_flags(parser, only=None):
-    comments = _field_comments()
+    """Config fields as flags (all, or those in `only`); --help is the comment beside each field."""
+    comments = {line.split(":")[0].strip(): line.split("#", 1)[1].strip().replace("%", "%%")
+                for line in inspect.getsource(Config).splitlines() if ":" in line and "#" in line and "=" in line}
     for f in fields(Config):
-        if only is not None and f.name not in only:
-            continue
-        if isinstance(f.default, bool):  # a switch: --overwrite
-            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, action="store_true", help=comments.get(f.name, ""))
-        else:
-            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default),
-                                default=f.default, choices=CHOICES.get(f.name), help=comments.get(f.name, ""))
-
-
-def _field_comments() -> dict:
-    """--help text = the comment beside each Config field (one source of truth)."""
-    out = {}
-    for line in inspect.getsource(Config).splitlines():
-        if ":" in line and "#" in line and "=" in line:
-            out[line.split(":")[0].strip()] = line.split("#", 1)[1].strip().replace("%", "%%")
-    return out
+        if only is None or f.name in only:  # a bool is a switch (--overwrite)
+            kind = {"action": "store_true"} if isinstance(f.default, bool) else \
+                {"type": type(f.default), "default": f.default, "choices": CHOICES.get(f.name)}
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, help=comments.get(f.name, ""), **kind)
 
 
 COURSE_COMMANDS = {"homework": "write a student handout, or Gradescope's autograder zip",
@@ -2692,15 +2532,11 @@ def main(argv=None):
                      f"unrecognized arguments: {' '.join(rest)}")
     try:  # bad flags and bad files are usage errors (exit 2) ...
         if args.command == "eval":
-            device = resolve_device(args.device)
-            policy, tok, cfg, version = load_checkpoint(args.ckpt, device)
-            for name in eval_flags:
-                setattr(cfg, name, getattr(args, name))
-            validate_config(cfg)
-        elif args.command in ("demo", "train"):
-            cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config)}))
-        elif args.command == "compare":
+            policy, tok, cfg, version = load_checkpoint(args.ckpt, resolve_device(args.device))
+            cfg = validate_config(replace(cfg, **{name: getattr(args, name) for name in eval_flags}))
+        elif args.command in ("demo", "train", "compare"):
             cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config) if hasattr(args, f.name)}))
+        if args.command == "compare":
             seeds, algos = [int(x) for x in args.seeds.split(",") if x.strip().isdigit()], args.algos.split(",")
             if len(seeds) != len(args.seeds.split(",")):
                 raise ValueError(f"--seeds {args.seeds}: use comma-separated whole numbers, e.g. 0,1,2")
