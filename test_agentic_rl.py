@@ -997,9 +997,20 @@ TINY_FLAGS = ["--device", "cpu", "--warm-start-episodes", "0", "--iterations", "
               "--group-size", "2", "--eval-episodes", "4", "--pass-k-tasks", "2", "--n-embd", "32", "--n-head", "2"]
 
 
-def test_the_default_command_works_twice_and_an_explicit_run_dir_is_still_protected(tmp_path, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def default_runs(tmp_path_factory):
+    """A folder where `train` + TINY_FLAGS ran once with no --run-dir (so into runs/flightbooking-grpo-s0): the
+    default-command test runs it a second time there; the grader's rerun test trains that record again."""
+    folder = tmp_path_factory.mktemp("default-runs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        A.main(["train"] + TINY_FLAGS)
+    return folder
+
+
+def test_the_default_command_works_twice_and_an_explicit_run_dir_is_still_protected(default_runs, monkeypatch, capsys):
+    tmp_path = default_runs                                     # the first `train` ran here
     monkeypatch.chdir(tmp_path)
-    A.main(["train"] + TINY_FLAGS)
     A.main(["train"] + TINY_FLAGS)
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["flightbooking-grpo-s0", "flightbooking-grpo-s0-2"]
     summary = json.loads((tmp_path / "runs" / "flightbooking-grpo-s0-2" / "summary.json").read_text())
@@ -3885,10 +3896,8 @@ def test_hidden_inputs_come_from_the_course_secret():
     assert hidden_seed_of("") == 0 and hidden_seed_of(None) == 0
 
 
-def test_a_rerun_reproduces_a_real_record_and_not_a_made_up_one(tmp_path, capsys, monkeypatch):
-    run = tmp_path / "run"
-    A.main(["train", "--run-dir", str(run), *TINY_FLAGS])
-    record = run_record(run)
+def test_a_rerun_reproduces_a_real_record_and_not_a_made_up_one(default_runs, capsys, monkeypatch):
+    record = run_record(default_runs / "runs" / "flightbooking-grpo-s0")    # `train` + TINY_FLAGS, run in this process
     assert rerun(record, 300) == (record["summary"]["candidate"]["dev_success"],) * 2, "a real record reproduces"
     answers = {"clock": {"runs": {k: [record] * 3 for k in CLOCK_SETTINGS}}}
     for recorded, again, status in [(0.5, 0.5 + RERUN_TOLERANCE, "passed"), (1.0, 0.0, "wrong")]:
