@@ -344,8 +344,9 @@ def first_iteration_metrics(seed):
 
 
 def test_same_seed_same_first_iteration_metrics():
-    assert first_iteration_metrics(3) == first_iteration_metrics(3)
-    assert first_iteration_metrics(3) != first_iteration_metrics(4)
+    first = first_iteration_metrics(3)
+    assert first == first_iteration_metrics(3)
+    assert first != first_iteration_metrics(4)
 
 
 def test_gae_algorithm_runs_an_update_with_a_value_loss():
@@ -399,7 +400,7 @@ def test_wilson_interval():
 def test_short_training_run_beats_the_untrained_policy_on_holdout(tmp_path, capsys):
     """A few seconds of warm start + two GRPO iterations, with the real train() pipeline."""
     cfg = A.Config(run_dir=str(tmp_path), device="cpu", warm_start_episodes=1000, sft_epochs=4, iterations=2,
-                   pass_k_tasks=10, tasks_per_iter=4, group_size=4, eval_episodes=60, seed=0)
+                   pass_k_tasks=4, tasks_per_iter=4, group_size=4, eval_episodes=40, seed=0)
     A.seed_everything(0)
     untrained = A.evaluate(A.make_policy(cfg, len(TOK), "cpu"), TOK, cfg, "dev")
     summary = A.train(cfg, progress=False)
@@ -411,7 +412,7 @@ def test_short_training_run_beats_the_untrained_policy_on_holdout(tmp_path, caps
     policy, tok, _, _ = A.load_checkpoint(tmp_path / "final.pt", "cpu")
     assert A.evaluate(policy, tok, cfg, "dev")["success"] == pytest.approx(summary["deployed"]["dev_success"])
     capsys.readouterr()
-    A.main(["eval", "--ckpt", str(tmp_path / "final.pt"), "--eval-episodes", "60", "--pass-k-tasks", "10"])
+    A.main(["eval", "--ckpt", str(tmp_path / "final.pt"), "--eval-episodes", "40", "--pass-k-tasks", "4"])
     report = json.loads(capsys.readouterr().out)                  # the eval CLI prints one JSON report (test part)
     assert report["part"] == "test" and report["success"] == pytest.approx(summary["deployed"]["test_success"])
     with pytest.raises(ValueError, match="holds another run"):   # one run per directory unless --overwrite
@@ -996,9 +997,20 @@ TINY_FLAGS = ["--device", "cpu", "--warm-start-episodes", "0", "--iterations", "
               "--group-size", "2", "--eval-episodes", "4", "--pass-k-tasks", "2", "--n-embd", "32", "--n-head", "2"]
 
 
-def test_the_default_command_works_twice_and_an_explicit_run_dir_is_still_protected(tmp_path, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def default_runs(tmp_path_factory):
+    """A folder where `train` + TINY_FLAGS ran once with no --run-dir (so into runs/flightbooking-grpo-s0): the
+    default-command test runs it a second time there; the grader's rerun test trains that record again."""
+    folder = tmp_path_factory.mktemp("default-runs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        A.main(["train"] + TINY_FLAGS)
+    return folder
+
+
+def test_the_default_command_works_twice_and_an_explicit_run_dir_is_still_protected(default_runs, monkeypatch, capsys):
+    tmp_path = default_runs                                     # the first `train` ran here
     monkeypatch.chdir(tmp_path)
-    A.main(["train"] + TINY_FLAGS)
     A.main(["train"] + TINY_FLAGS)
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["flightbooking-grpo-s0", "flightbooking-grpo-s0-2"]
     summary = json.loads((tmp_path / "runs" / "flightbooking-grpo-s0-2" / "summary.json").read_text())
@@ -3448,6 +3460,64 @@ def installation(tmp_path) -> Path:
     return source
 
 
+class SharedSandbox:
+    """What `with Sandbox(user, memory) as sandbox:` gives grade(), from a fork server kept for the in-process
+    gradings of this module: starting one costs seconds (a fresh interpreter importing torch), and these tests
+    grade a dozen times. Each grading still gets a fresh worker per exercise, killed with everything it started
+    (Worker.close), the same limits and sandbox user; as root it holds the one-grading-at-a-time lock while it
+    grades, and on leaving it kills every process of the grading, as Sandbox.__exit__ does. A whole Sandbox's
+    life (a server per grading, the lock taken at its start) is what the command-line tests below exercise."""
+
+    def __init__(self, sandbox: Sandbox):
+        self.sandbox = sandbox
+
+    def __enter__(self):
+        if self.sandbox.lock is not None:
+            import fcntl
+            fcntl.flock(self.sandbox.lock, fcntl.LOCK_EX)
+        self.sandbox.__dict__.pop("network", None)              # this grading's workers say what they ran as
+        return self.sandbox
+
+    def __exit__(self, *exc):
+        try:
+            self.sandbox.clean()
+        finally:
+            if self.sandbox.lock is not None:
+                import fcntl
+                fcntl.flock(self.sandbox.lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="module")
+def fork_servers():
+    """(user, memory) -> a Sandbox kept for this module's in-process gradings; closed (under the lock) at its end."""
+    servers = {}
+    yield servers
+    for sandbox in servers.values():
+        if sandbox.lock is not None:
+            import fcntl
+            fcntl.flock(sandbox.lock, fcntl.LOCK_EX)
+        sandbox.__exit__(None, None, None)
+
+
+@pytest.fixture
+def shared_sandbox(fork_servers):
+    """grade() in this test takes its fork server from fork_servers (see SharedSandbox); a patch of its own,
+    which the test's monkeypatch.undo() leaves alone."""
+    real = Sandbox
+
+    def sandbox(user=SANDBOX_USER, memory: int = MEMORY_LIMIT):
+        if (user, memory) not in fork_servers:
+            fork_servers[user, memory] = server = real(user, memory)
+            server.clean()                  # answered once its imports are done: no test's time limit pays for them
+            if server.lock is not None:                          # taken again for each grading
+                import fcntl
+                fcntl.flock(server.lock, fcntl.LOCK_UN)
+        return SharedSandbox(fork_servers[user, memory])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys.modules[__name__], "Sandbox", sandbox)
+        yield
+
+
 def test_a_fresh_handout_scores_zero_leaks_nothing_and_round_trips(tmp_path):
     out = tmp_path / "handout"
     assert sorted(write_handout(out)) == sorted(EXERCISES)     # graded at 0 in the autograder test below
@@ -3493,7 +3563,7 @@ def test_a_fresh_handout_scores_zero_leaks_nothing_and_round_trips(tmp_path):
             write_handout(**bad)
 
 
-def test_edited_tests_patched_checks_endless_loops_and_hard_coding_earn_half_at_most(tmp_path, monkeypatch):
+def test_edited_tests_patched_checks_endless_loops_and_hard_coding_earn_half_at_most(tmp_path, monkeypatch, shared_sandbox):
     out = tmp_path / "handout"
     write_handout(out, only=["returns", "gae", "sign_test", "ppo_clip"])
     seen, real = {}, A.discounted_returns                        # a student who copies the visible checks' answers
@@ -3519,7 +3589,7 @@ def test_edited_tests_patched_checks_endless_loops_and_hard_coding_earn_half_at_
     (out / "test_agentic_rl.py").write_text("HOMEWORK, EXPERIMENT_CHECKS = [], []\n")
     (out / "conftest.py").write_text("def pytest_runtest_makereport(item, call):\n    call.excinfo = None\n")
     t = time.time()
-    report = grade(out, only=["returns", "gae", "ppo_clip", "sign_test", "promotion"], time_limit=4)
+    report = grade(out, only=["returns", "gae", "ppo_clip", "sign_test", "promotion"], time_limit=3)
     status = {ex: [(c["hidden"], c["status"]) for c in row["checks"]] for ex, row in exercises(report).items()}
     assert all(s == "passed" for hidden, s in status["returns"] if not hidden), status["returns"]
     assert suspicious(report["returns"]) and score(report["returns"])[0] <= 0.5 * EXERCISES["returns"][0]
@@ -3529,7 +3599,7 @@ def test_edited_tests_patched_checks_endless_loops_and_hard_coding_earn_half_at_
     assert {s for _, s in status["promotion"]} == {"passed"}, "promotion asks the grader for sign_test_p's values"
 
 
-def test_a_file_that_does_not_compile_costs_only_its_own_exercises(tmp_path):
+def test_a_file_that_does_not_compile_costs_only_its_own_exercises(tmp_path, shared_sandbox):
     out = tmp_path / "handout"
     write_handout(out, only=["kl_k3"])
     with open(out / "agentic_rl.py", "a") as f:
@@ -3688,7 +3758,7 @@ def pwd_uid() -> int:
         return pwd.getpwnam("nobody").pw_uid
 
 
-def test_a_detached_child_is_killed_and_answers_written_late_are_ignored_even_without_a_sandbox_user(tmp_path):
+def test_a_detached_child_is_killed_and_answers_written_late_are_ignored_even_without_a_sandbox_user(tmp_path, shared_sandbox):
     submission, marker = tmp_path / "sub", tmp_path / "marker"
     write_handout(submission, only=["kl_k3"])
     (tmp_path / "late.json").write_text(json.dumps(reference_answers()))
@@ -3705,7 +3775,7 @@ def test_a_detached_child_is_killed_and_answers_written_late_are_ignored_even_wi
     assert marker.stat().st_size == size > 0, "the child ran, and died with its exercise"
 
 
-def test_whatever_a_submission_holds_it_gets_a_valid_results_json(tmp_path, capsys):
+def test_whatever_a_submission_holds_it_gets_a_valid_results_json(tmp_path, capsys, shared_sandbox):
     cases = {"deep": {"answers.json": "[" * 100_000, "agentic_rl.py": REPO / "agentic_rl.py", "envs.py": "#" * (5 << 20)},
              "special": {"answers.json": "dir", "envs.py": "fifo"}}
     for case, files in cases.items():
@@ -3732,7 +3802,7 @@ def test_whatever_a_submission_holds_it_gets_a_valid_results_json(tmp_path, caps
         assert all(e in text for e in expected), (case, text[-1500:])
 
 
-def test_limits_are_checked_up_front_and_a_memory_hog_is_stopped(tmp_path, capsys):
+def test_limits_are_checked_up_front_and_a_memory_hog_is_stopped(tmp_path, capsys, shared_sandbox):
     for bad in ("0", "-1", "nan", "inf", "1e-9"):
         code, printed = course_here(capsys, "grade", tmp_path, "--time-limit", bad)
         assert code == 2 and "--time-limit" in printed
@@ -3753,7 +3823,7 @@ _m.send(_f.f_locals["sock"], {"callback": "sign_test_p", "args": [int(wins), int
 return _m.receive(_f.f_locals["sock"], 1 << 20)["value"]"""
 
 
-def test_what_a_red_team_broke_holds_now(tmp_path):
+def test_what_a_red_team_broke_holds_now(tmp_path, shared_sandbox):
     """A second round of attacks (a red team's, on this grader): asking the grader for another exercise's
     answer, a reply of 40 MB, a screen-clearing message, files left in /tmp for the next exercise, a file
     that crashes the compiler, a frame that drips in, and two gradings side by side."""
@@ -3801,11 +3871,19 @@ def test_two_gradings_at_once_take_turns(tmp_path):
     sub.mkdir()
     for name in ("agentic_rl.py", "envs.py"):
         shutil.copy(REPO / name, sub / name)
-    runs = [subprocess.Popen([sys.executable, "agentic_rl.py", "grade", str(sub), "--only", "returns,kl_k3,sign_test",
-                              "--json", str(tmp_path / f"{i}.json")], cwd=REPO, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL) for i in range(2)]
-    assert [r.wait() for r in runs] == [0, 0], "each grading kills only its own workers"
-    assert [json.loads((tmp_path / f"{i}.json").read_text())["score"] for i in range(2)] == [20.0, 20.0]
+    reports = [None, None]       # two gradings in one process (no interpreter to start each): two fork servers,
+                                 # two locks on the file, as two `grade` commands would take them
+
+    def one(i):
+        reports[i] = grade(sub, only=["returns", "kl_k3", "sign_test"])
+    runs = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(timeout=120)
+    assert [sum(score(row)[0] for row in exercises(r).values()) for r in reports] == [20.0, 20.0], \
+        "each grading kills only its own workers"
+    assert all(c["status"] == "passed" for r in reports for row in exercises(r).values() for c in row["checks"])
 
 
 def test_hidden_inputs_come_from_the_course_secret():
@@ -3818,10 +3896,8 @@ def test_hidden_inputs_come_from_the_course_secret():
     assert hidden_seed_of("") == 0 and hidden_seed_of(None) == 0
 
 
-def test_a_rerun_reproduces_a_real_record_and_not_a_made_up_one(tmp_path, capsys, monkeypatch):
-    run = tmp_path / "run"
-    A.main(["train", "--run-dir", str(run), *TINY_FLAGS])
-    record = run_record(run)
+def test_a_rerun_reproduces_a_real_record_and_not_a_made_up_one(default_runs, capsys, monkeypatch):
+    record = run_record(default_runs / "runs" / "flightbooking-grpo-s0")    # `train` + TINY_FLAGS, run in this process
     assert rerun(record, 300) == (record["summary"]["candidate"]["dev_success"],) * 2, "a real record reproduces"
     answers = {"clock": {"runs": {k: [record] * 3 for k in CLOCK_SETTINGS}}}
     for recorded, again, status in [(0.5, 0.5 + RERUN_TOLERANCE, "passed"), (1.0, 0.0, "wrong")]:
