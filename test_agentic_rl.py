@@ -399,8 +399,9 @@ def test_wilson_interval():
 
 def test_short_training_run_beats_the_untrained_policy_on_holdout(tmp_path, capsys):
     """A few seconds of warm start + two GRPO iterations, with the real train() pipeline."""
-    cfg = A.Config(run_dir=str(tmp_path), device="cpu", warm_start_episodes=1000, sft_epochs=4, iterations=2,
-                   pass_k_tasks=4, tasks_per_iter=4, group_size=4, eval_episodes=40, seed=0)
+    cfg = A.Config(run_dir=str(tmp_path), device="cpu", warm_start_episodes=1000, sft_epochs=2, sft_batch_size=8,
+                   iterations=2, pass_k_tasks=4, tasks_per_iter=4, group_size=4, eval_episodes=40, seed=0)
+    # 250 warm-start steps of 8 episodes: the number of steps, not the batch, teaches copying a name
     A.seed_everything(0)
     untrained = A.evaluate(A.make_policy(cfg, len(TOK), "cpu"), TOK, cfg, "dev")
     summary = A.train(cfg, progress=False)
