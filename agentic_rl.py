@@ -323,11 +323,10 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
     that finish at the same step go to their tools together, concurrently when tools take time
     (tool_latency_ms), as a real host would issue them.
     """
-    device = next(policy.parameters()).device
-    B = len(seeds)
+    device, B = next(policy.parameters()).device, len(seeds)
     group_ids = list(range(B)) if group_ids is None else group_ids
     env_list = [make_env(cfg) for _ in range(B)]
-    gates, episodes, pending, queues, seqs = [], [], [], [], []
+    gates, episodes, pending, queues = [], [], [], []
     for i, (env, s) in enumerate(zip(env_list, seeds)):
         options = {"split": split} if task_ids is None else {"split": split, "task_id": int(task_ids[i])}
         obs, info = env.reset(seed=int(s), options=options)
@@ -337,63 +336,49 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
                                 policy_version, group_ids[i]))
         ids = tok.encode_observation(obs)
         pending.append({"obs": obs, "obs_tokens": ids, "action": [], "logprobs": []})
-        seqs.append(ids[:1])
-        queues.append(deque(ids[1:]))
-    active = [True] * B
-    cache = policy.new_cache()
-    inputs = torch.tensor([s[0] for s in seqs], device=device)  # (B,)
-    pos = 0
+        queues.append(deque(ids))
+    room = cfg.max_action_tokens + env_class(cfg.env).max_obs_words + 2    # the next action and its answer
+
+    def act(i) -> bool:
+        """Hand episode i's finished action to the host, record the Turn; returns whether the episode goes on."""
+        p, text = pending[i], tok.decode_action(pending[i]["action"])
+        obs, reward, terminated, truncated, info, decision = host_step(env_list[i], gates[i], text)
+        obs_ids = tok.encode_observation(obs)
+        if not (terminated or truncated) and pos + 2 + len(obs_ids) + room > cfg.block_size:  # pos + 2 tokens so far
+            truncated, info["truncated_by"] = True, "token_budget"  # the host's context window: a cut from outside
+            # the task, made while the whole final observation still fits (V(s_K) is read at its <act>)
+        episodes[i].turns.append(new_turn(p["obs"], p["obs_tokens"], p["action"], p["logprobs"], text, policy_version,
+                                          reward, terminated, truncated, info, decision))
+        if terminated or truncated:
+            episodes[i].final_obs_tokens = obs_ids
+            return False
+        pending[i] = {"obs": obs, "obs_tokens": obs_ids, "action": [], "logprobs": []}
+        queues[i].extend(obs_ids)
+        return True
+    active, cache, pos = [True] * B, policy.new_cache(), 0
+    nxt = [q.popleft() for q in queues]                                  # every episode starts with <obs>
     pool = ThreadPoolExecutor(max_workers=B) if cfg.tool_latency_ms else None
     while any(active):
-        logits, _ = policy(inputs[:, None], cache=cache, pos=pos)      # (B, 1, V)
+        logits, _ = policy(torch.tensor(nxt, device=device)[:, None], cache=cache, pos=pos)  # (B, 1, V)
         logp = F.log_softmax(logits[:, -1].float(), dim=-1)             # (B, V)
         sampled = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
         sampled_lp = logp.gather(1, sampled[:, None]).squeeze(1).tolist()
-        sampled = sampled.tolist()
-        nxt, acting = [], []
-        for i in range(B):
-            if not active[i]:
-                nxt.append(tok.pad)
-                continue
-            p = pending[i]
+        sampled, nxt, acting = sampled.tolist(), [tok.pad] * B, []
+        for i in (i for i in range(B) if active[i]):
             if queues[i]:                              # context: forced, not sampled, not trained
-                t = queues[i].popleft()
+                nxt[i] = queues[i].popleft()
             else:                                      # the policy's own token
-                t = sampled[i]
-                p["action"].append(t)
-                p["logprobs"].append(sampled_lp[i])
-                if t == tok.eoa or len(p["action"]) == cfg.max_action_tokens:
+                nxt[i] = sampled[i]
+                pending[i]["action"].append(sampled[i])
+                pending[i]["logprobs"].append(sampled_lp[i])
+                if sampled[i] == tok.eoa or len(pending[i]["action"]) == cfg.max_action_tokens:
                     acting.append(i)
-            seqs[i].append(t)
-            nxt.append(t)
-        act = lambda i: _act(env_list[i], gates[i], episodes[i], pending[i], queues[i], tok, cfg, len(seqs[i]),
-                             policy_version)
         for i, goes_on in zip(acting, pool.map(act, acting) if pool else map(act, acting)):
             active[i] = goes_on
-        inputs = torch.tensor(nxt, device=device)
         pos += 1
     if pool:
         pool.shutdown()
     return episodes, env_list
-
-
-def _act(env, gate, episode, p, queue, tok, cfg, seq_len, policy_version) -> bool:
-    """Hand one finished action to the host, record the Turn; returns whether the episode goes on."""
-    text = tok.decode_action(p["action"])
-    obs, reward, terminated, truncated, info, decision = host_step(env, gate, text)
-    obs_ids = tok.encode_observation(obs)
-    room = cfg.max_action_tokens + env_class(cfg.env).max_obs_words + 2    # the next action and its answer
-    if not (terminated or truncated) and seq_len + len(obs_ids) + room > cfg.block_size:
-        truncated, info["truncated_by"] = True, "token_budget"  # the host's context window: a cut from outside
-        # the task, made while the whole final observation still fits (V(s_K) is read at its <act>)
-    episode.turns.append(new_turn(p["obs"], p["obs_tokens"], p["action"], p["logprobs"], text, policy_version,
-                                  reward, terminated, truncated, info, decision))
-    if terminated or truncated:
-        episode.final_obs_tokens = obs_ids
-        return False
-    p.update(obs=obs, obs_tokens=obs_ids, action=[], logprobs=[])
-    queue.extend(obs_ids)
-    return True
 
 
 # ================================================================================================
@@ -1755,8 +1740,8 @@ class Run:
 
 
 def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: list) -> dict:
-    """final.pt (the candidate if promoted, else the incumbent), the printed report card, gates and
-    learning curve, summary.json, and report.html drawn from the same records (Part III, pictures)."""
+    """final.pt (the candidate if promoted, else the incumbent), the printed report card and gates,
+    summary.json, and report.html drawn from the same records (Part III, pictures)."""
     cfg, history, incumbent = run.cfg, run.history, run.incumbent
     save_checkpoint(run.dir / "final.pt", run.policy, run.tok, cfg, run.version if promoted else 0)
     print("\n" + format_report_card({"incumbent dev": incumbent["dev"], "candidate dev": candidate["dev"],
@@ -1765,7 +1750,6 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     for g in gates:
         print(f"  {'pass' if g['passed'] else 'FAIL'}  {g['gate']:<34} {str(g['value']):<34} rule {g['rule']}")
     print(f"promotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to the incumbent'} ({reason})")
-    print(learning_curve([m["success"] for m in history]))
     run.seconds["total"] = time.time() - run.t0
     deployed, staleness = candidate if promoted else incumbent, Counter(m["staleness_max"] for m in history)
     summary = {"env": cfg.env, "algo": cfg.algo, "seed": cfg.seed, "device": str(run.device),
@@ -1796,7 +1780,7 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     return summary
 
 
-# --- Monitors: the report card, the gradient spike rule, the console line, the learning curve ---
+# --- Monitors: the report card, the gradient spike rule, the console line ------------------------
 def wilson_interval(successes: int, n: int, z: float = 1.96):
     """95 % Wilson score interval for a success rate (honest near 0 and 1, unlike p ± 1.96·se)."""
     if n == 0:
@@ -1901,18 +1885,6 @@ def log_line(it: int, m: dict) -> str:
             ("dpo_pairs", "{}"), ("invalid_rate", "{:.3f}"), ("grad_norm", "{:.2f}"), ("staleness_max", "{}"),
             ("episodes_per_second", "{:.0f}")]
     return f"iter {it:3d} | " + " | ".join(f"{k} {fmt.format(m[k])}" for k, fmt in keys if m.get(k) is not None)
-
-
-def learning_curve(values, width: int = 60, height: int = 6) -> str:
-    """A terminal plot of training success per iteration (sampled episodes, so noisier than holdout)."""
-    if not values:
-        return ""
-    cols = [float(np.mean(c)) for c in np.array_split(np.array(values), min(width, len(values)))]
-    lines = ["training success per iteration (sampled):"]
-    for h in range(height, 0, -1):
-        lines.append(f"{h / height:4.2f} |" + "".join("#" if v >= (h - 0.5) / height else " " for v in cols))
-    lines.append("     +" + "-" * len(cols) + f"  iterations 0..{len(values) - 1}")
-    return "\n".join(lines)
 
 
 def report_card_rows(columns: dict) -> list:
@@ -2120,15 +2092,9 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
     atomic_write(Path(out) / "compare.json", lambda f: f.write(json.dumps(result, indent=2).encode()))
     print(f"\n{cfg.env}: held-out test success over seeds {list(seeds)}, {cfg.eval_episodes} tasks each; every route "
           f"spends {cfg.iterations} x {cfg.tasks_per_iter * cfg.group_size} environment episodes")
-    print(f"{'route':<11}{'mean':>7}{'min':>7}{'max':>7}{'pass^' + str(cfg.pass_k):>8}  {'>=0.9 at':<12}{'trunc':>7}"
-          f"{'gen tokens':>12}{'tool calls':>11}{'steps':>7}{'wall s':>8}   training success every 5 iterations")
-    for route, r in per_route.items():
-        curve = np.mean([c for c in r["curves"] if c], axis=0)[::5] if r["curves"][0] else []
-        first = ",".join("-" if x["first_at_0.9"] is None else str(x["first_at_0.9"]) for x in r["per_seed"])
-        trunc = np.mean([x["test_truncation"] for x in r["per_seed"]])
-        print(f"{route:<11}{r['test_success_mean']:>7.3f}{r['min']:>7.3f}{r['max']:>7.3f}{r['pass^k_mean']:>8.3f}  "
-              f"{first if route != 'warm start' else '':<12}{trunc:>7.3f}{r['generated_tokens']:>12,}{r['tool_calls']:>11,}"
-              f"{r['learner_steps']:>7}{r['wall_seconds_mean']:>8.1f}   " + " ".join(f"{x:.2f}" for x in curve))
+    for route, r in per_route.items():  # the rest of each route's figures: compare.json and compare.html
+        print(f"  {route:<11} mean {r['test_success_mean']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}), "
+              f"pass^{cfg.pass_k} {r['pass^k_mean']:.3f}, {r['wall_seconds_mean']:.1f} s")
     print(f"wrote {Path(out) / 'compare.json'} and {write_page(Path(out) / 'compare.html', compare_page(result), '--out')}")
     return result
 
@@ -2207,17 +2173,11 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
               "cuda_max_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev.type == "cuda" else None}
     atomic_write(Path(out) / "bench.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
-    r, u = report["rollout"], report["reference_unit"]
-    print(f"device {dev}, {report['threads']} threads{' (quick: tiny sizes, not figures to quote)' if quick else ''}\n"
-          f"rollout  {B} x ({P} prompt + {N} generated) tokens: KV cache {r['kv_cache_tokens_per_s']:,} tokens/s, "
-          f"full recompute {r['full_recompute_tokens_per_s']:,} tokens/s, speed-up x{r['kv_cache_speedup']}")
-    for view, v in views.items():  # concat is the learner's own view
-        print(f"learner  {view:<9} {v['rows']} rows for {len(demos)} episodes, {v['tokens_per_step']:,} tokens per "
-              f"PPO step: {v['ms_per_step']} ms, {round(v['tokens_per_step'] / v['ms_per_step'] * 1000):,} tokens/s")
-    print(f"reference unit ({u['parameters']:,} parameters, 64 x 46 tokens, one AdamW step): {u['ms_per_step']} ms; peers: "
-          + "; ".join(f"{peer}: {figure}" for peer, figure in PEERS.items()))
-    print(f"peak RSS {report['peak_rss_mb']} MB" + (f", CUDA max allocated {report['cuda_max_allocated_mb']} MB"
-                                                   if dev.type == "cuda" else "") + f"; wrote {Path(out) / 'bench.json'}")
+    r, v = report["rollout"], views["concat"]  # per view and the peers' figures: bench.json
+    print(f"device {dev}, {report['threads']} threads{' (quick: tiny sizes, not figures to quote)' if quick else ''}: "
+          f"rollout {r['kv_cache_tokens_per_s']:,} tokens/s with the KV cache (x{r['kv_cache_speedup']} over full "
+          f"recompute); learner {v['ms_per_step']} ms per PPO step of {v['tokens_per_step']:,} tokens; reference unit "
+          f"{report['reference_unit']['ms_per_step']} ms; peak RSS {report['peak_rss_mb']} MB; wrote {Path(out) / 'bench.json'}")
     return report
 
 
