@@ -241,15 +241,12 @@ class GateDecision:
 
 
 class HostGate:
-    """Deterministic permission gate outside the model, stateful for one episode.
-
-    Rules: the action is text; the tool is known (case-sensitive); its arguments have the right number
-    and kind (the environment's declared `tool_schema`); the environment's own permission rules
-    (`env_class.permission_rule`, e.g. flights: `book` only for the task's passenger). The turn budget
-    is the environment's own: it truncates the episode, and executes nothing after. A denied action is
-    never executed. Safety is this gate, not a reward term: a reward can
-    be traded off against success, a gate cannot.
-    """
+    """Deterministic permission gate outside the model, stateful for one episode. Rules: the action is text;
+    the tool is known (case-sensitive); its arguments have the right number and kind (the environment's
+    declared `tool_schema`); the environment's own permission rules (`env_class.permission_rule`, e.g.
+    flights: `book` only for the task's passenger). The turn budget is the environment's own: it truncates
+    the episode, and executes nothing after. A denied action is never executed. Safety is this gate, not a
+    reward term: a reward can be traded off against success, a gate cannot."""
 
     def __init__(self, env_cls, task: dict, max_turns: int, episode=None):
         self.env_class, self.task, self.max_turns = env_cls, task, max_turns
@@ -272,22 +269,19 @@ class HostGate:
                              "build a new one with HostGate.for_env(env) after every reset")
         self.turns += 1  # every proposal spends a turn, allowed or not
         words = str.split(action_text) if isinstance(action_text, str) else None  # str's own split, split once
-        decision = self._check(words)
+        schema, argument_words = self.env_class.tool_schema, self.env_class.argument_words
+        tool, args = (words[0], words[1:]) if words else ("", [])
+        if tool not in schema:
+            decision = GateDecision(False, "unknown_tool")
+        elif len(args) != len(schema[tool]) or any(a not in argument_words[k] for a, k in zip(args, schema[tool])):
+            decision = GateDecision(False, "bad_arguments")
+        elif violated := self.env_class.permission_rule(self.task, self.executed, tool, args):
+            decision = GateDecision(False, violated)
+        else:
+            decision = GateDecision(True, "ok", " ".join(words))
         if not decision.allowed:
             self.denials[decision.reason] += 1
         return decision
-
-    def _check(self, words) -> GateDecision:
-        schema, argument_words = self.env_class.tool_schema, self.env_class.argument_words
-        if not words or words[0] not in schema:
-            return GateDecision(False, "unknown_tool")
-        tool, args = words[0], words[1:]
-        if len(args) != len(schema[tool]) or any(a not in argument_words[k] for a, k in zip(args, schema[tool])):
-            return GateDecision(False, "bad_arguments")
-        violated = self.env_class.permission_rule(self.task, self.executed, tool, args)
-        if violated:
-            return GateDecision(False, violated)
-        return GateDecision(True, "ok", " ".join(words))
 
 
 def host_step(env, gate: HostGate, action_text: str):
@@ -311,18 +305,14 @@ def host_step(env, gate: HostGate, action_text: str):
 
 
 @torch.no_grad()
-def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool,
-            policy_version: int, iteration: int = 0, group_ids=None, task_ids=None, rank: int = 0,
-            generator=None):
-    """Play len(seeds) episodes at once (of the given task_ids, or of tasks drawn from each seed);
-    returns (episodes, envs) so evaluators can read the final states.
-
-    All episodes advance one token per step in lockstep, with a KV cache: a position is either a
-    forced context token (prompt / observation) or a token the policy samples. The sampled ids and
-    their log-probs are stored as they are: never decoded and re-encoded for training. The actions
-    that finish at the same step go to their tools together, concurrently when tools take time
-    (tool_latency_ms), as a real host would issue them.
-    """
+def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool, policy_version: int,
+            iteration: int = 0, group_ids=None, task_ids=None, rank: int = 0, generator=None):
+    """Play len(seeds) episodes at once (of the given task_ids, or of tasks drawn from each seed); returns (episodes,
+    envs) so evaluators can read the final states. All episodes advance one token per step in lockstep, with a KV
+    cache: a position is either a forced context token (prompt / observation) or a token the policy samples. The
+    sampled ids and their log-probs are stored as they are: never decoded and re-encoded for training. The actions
+    that finish at the same step go to their tools together, concurrently when tools take time (tool_latency_ms), as
+    a real host would issue them."""
     device, B = next(policy.parameters()).device, len(seeds)
     group_ids = list(range(B)) if group_ids is None else group_ids
     env_list = [make_env(cfg) for _ in range(B)]
@@ -808,10 +798,9 @@ def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_items:
 
 
 def ppo_step_loss(policy, ref_policy, rows, token_adv, returns, cfg: Config):
-    """One minibatch of PPO: clipped surrogate on the action tokens (+ value loss, + k3 KL if asked).
-    `rows` is either view (pack or pack_per_call); a minibatch of episodes takes all of their rows, so
-    both views make the same optimizer steps (one step per model call would run the schedule K times
-    too fast: ROLL #409)."""
+    """One minibatch of PPO: clipped surrogate on the action tokens (+ value loss, + k3 KL if asked). `rows` is
+    either view (pack or pack_per_call); a minibatch of episodes takes all of their rows, so both views make the same
+    optimizer steps (one step per model call would run the schedule K times too fast: ROLL #409)."""
     def step_loss(idx):                                                   # idx: the minibatch's episodes
         sel = torch.isin(rows["episode"], idx.to(rows["episode"].device))  # their rows
         tokens, mask, old_logprobs, adv = trim(rows["tokens"][sel], rows["action_mask"][sel], rows["old_logprobs"][sel],
@@ -870,6 +859,7 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
     route = dict.fromkeys(("zero_std_groups", "explained_variance", "denied_positive_advantage", "clip_frac",
                            "approx_kl", "kl_ref", "kept", "dpo_pairs", "groups_without_pair", "dpo_loss"))
     policy.train()
+    stats = {"grad_norm": 0.0, "learner_steps": 0}  # no update: rs_sft kept nothing, or dpo found no pair
     if cfg.algo in PPO_CREDITS:
         adv, returns, credit = advantages_for(batch, admitted, policy, cfg)           # (B, K) each
         denied = denied_turns(admitted, adv.shape[1])
@@ -886,7 +876,6 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
     elif cfg.algo == "rs_sft":
         kept = [ep for ep in admitted if ep.reward >= 1.0]       # the training verifier's verdict
         route["kept"] = len(kept)
-        stats = {"grad_norm": 0.0, "learner_steps": 0}
         if kept:
             sft = {k: v.to(device) for k, v in pack(kept, tok, cfg.block_size).items()}
 
@@ -898,7 +887,6 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
     else:
         chosen, rejected, without = dpo_pairs(admitted)
         route.update(dpo_pairs=len(chosen), groups_without_pair=without)
-        stats = {"grad_norm": 0.0, "learner_steps": 0}
         if chosen:
             c, r = ({k: v.to(device) for k, v in pack(x, tok, cfg.block_size).items()} for x in (chosen, rejected))
             every = torch.arange(len(chosen))
@@ -936,12 +924,11 @@ def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 
 # ================================================================================================
 @torch.no_grad()
 def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = True) -> dict:
-    """A report card on `eval_episodes` held-out tasks of one part (dev or test): greedy decoding (the
-    same mode before and after training), judged by the environment's independent evaluator, never by
-    the training reward. Safety is read from the final states; pass^k comes from extra sampled trials
-    (temperature 1) on the first pass_k_tasks tasks, drawn from a generator of their own, so no evaluation
-    setting changes the training run of a seed (reliability=False skips them); efficiency counts what
-    the episodes spent."""
+    """A report card on `eval_episodes` held-out tasks of one part (dev or test): greedy decoding (the same mode
+    before and after training), judged by the environment's independent evaluator, never by the training reward.
+    Safety is read from the final states; pass^k comes from extra sampled trials (temperature 1) on the first
+    pass_k_tasks tasks, drawn from a generator of their own, so no evaluation setting changes the training run of a
+    seed (reliability=False skips them); efficiency counts what the episodes spent."""
     t0 = time.time()
     cfg = replace(cfg, time_limit=0)  # a report card judges the task itself, with no cut from outside it
     n, evaluate_episode = cfg.eval_episodes, env_class(cfg.env).evaluate_episode
@@ -975,11 +962,10 @@ def sign_test_p(wins: int, losses: int) -> float:
 
 
 def promotion_decision(candidate: dict, incumbent: dict):
-    """Release gates on the same dev tasks for both policies (paired, task by task) -> (promoted, reason,
-    gates); a gate: its name, value and rule (text), passed, observed and limit (and wins, losses). All
-    must pass: a significant gain, no unauthorized side effect, no more safety denials than the incumbent,
-    no category losing more than MAX_CATEGORY_DROP (or one task), no cost per solved task growing by more
-    than MAX_COST_GROWTH."""
+    """Release gates on the same dev tasks for both policies (paired, task by task) -> (promoted, reason, gates); a
+    gate: its name, value and rule (text), passed, observed and limit (and wins, losses). All must pass: a
+    significant gain, no unauthorized side effect, no more safety denials than the incumbent, no category losing more
+    than MAX_CATEGORY_DROP (or one task), no cost per solved task growing by more than MAX_COST_GROWTH."""
     if candidate["task_ids"] != incumbent["task_ids"]:
         raise ValueError("promotion_decision: candidate and incumbent were evaluated on different tasks")
     # BEGIN SOLUTION promotion
@@ -1336,9 +1322,8 @@ def sft_lr_at(step: int, steps: int, peak: float) -> float:
 # ------------------------------------------------------------------------------------------------
 def rotary(positions, head_dim: int):
     """Rotary position embedding (RoPE) angles, computed once per forward: pair i of q/k turns by
-    pos * 10000^(-i/half), so the score q.k depends on the distance between tokens. Copying "the word 6
-    tokens back" is then one fixed pattern wherever the turn sits in the episode (a design choice for
-    copy-heavy tool calls)."""
+    pos * 10000^(-i/half), so the score q.k depends on the distance between tokens. Copying "the word 6 tokens back" is
+    then one fixed pattern wherever the turn sits in the episode (a design choice for copy-heavy tool calls)."""
     half = head_dim // 2
     freq = 10000.0 ** (-torch.arange(half, device=positions.device) / half)  # (hd/2,)
     angle = positions[:, None].float() * freq[None]                          # (T, hd/2)
@@ -1393,8 +1378,6 @@ class GPT(nn.Module):
 
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
         super().__init__()
-        if n_embd % n_head:
-            raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
         self.block_size = block_size
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
@@ -2130,13 +2113,11 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
     @torch.no_grad()
     def decode(use_cache: bool):
         seq, cache = prompt, policy.new_cache()
-        for pos in range(P + N - 1):
-            if use_cache:
-                logits = policy(seq[:, pos:pos + 1], cache=cache, pos=pos)[0][:, -1]
-            else:
-                logits = policy(seq)[0][:, -1] if pos >= P - 1 else None
-            if pos >= P - 1:
-                seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], 1)
+        if use_cache:
+            policy(prompt[:, :-1], cache=cache)                              # prefill all but the last prompt token
+        for pos in range(P - 1, P + N - 1):
+            logits = policy(seq[:, pos:pos + 1], cache=cache, pos=pos)[0] if use_cache else policy(seq)[0]
+            seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], 1)
         return seq
     with_cache, t_cache = timed(lambda: decode(True))
     recomputed, t_full = timed(lambda: decode(False))
