@@ -1186,14 +1186,13 @@ def seed_everything(seed: int):
 
 # --- Devices, ranks and the async actor ---------------------------------------------------------
 def resolve_device(name: str) -> torch.device:
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    if name not in ("cpu", "cuda", "mps"):
+        name = next(kind for kind in ("cuda", "mps", "cpu") if available[kind])
+    if name not in available:
         raise ValueError(f"device={name!r}: use auto, cpu, cuda or mps")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but torch sees no CUDA GPU; use --device auto or cpu")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device='mps' but MPS is not available; use --device auto or cpu")
+    if not available[name]:
+        raise ValueError(f"device={name!r} but torch sees no {name.upper()} device; use --device auto or cpu")
     return torch.device(name)
 
 
@@ -1321,9 +1320,9 @@ def sft_lr_at(step: int, steps: int, peak: float) -> float:
 # The transformer: nanoGPT's decoder with rotary positions, a KV cache and a value head
 # ------------------------------------------------------------------------------------------------
 def rotary(positions, head_dim: int):
-    """Rotary position embedding (RoPE) angles, computed once per forward: pair i of q/k turns by
-    pos * 10000^(-i/half), so the score q.k depends on the distance between tokens. Copying "the word 6 tokens back" is
-    then one fixed pattern wherever the turn sits in the episode (a design choice for copy-heavy tool calls)."""
+    """RoPE angles, computed once per forward: pair i of q/k turns by pos * 10000^(-i/half), so the score q.k
+    depends on the distance between tokens. Copying "the word 6 tokens back" is then one fixed pattern wherever
+    the turn sits in the episode (a design choice for copy-heavy tool calls)."""
     half = head_dim // 2
     freq = 10000.0 ** (-torch.arange(half, device=positions.device) / half)  # (hd/2,)
     angle = positions[:, None].float() * freq[None]                          # (T, hd/2)
@@ -1346,12 +1345,12 @@ class SelfAttention(nn.Module):
     def forward(self, x, positions, rope, cache=None):
         B, T, D = x.shape
         q, k, v = self.qkv(x).split(D, dim=2)
-        q, k, v = (z.view(B, T, self.n_head, D // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, H, T, D/H)
+        q, k, v = (z.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for z in (q, k, v))  # (B, H, T, D/H)
         q, k = rotate(q, *rope), rotate(k, *rope)
         if cache is not None:  # write this step's keys/values into the preallocated cache; attend to all so far
             start, end = int(positions[0]), int(positions[-1]) + 1
             if "k" not in cache:
-                cache["k"] = k.new_zeros(B, self.n_head, cache["size"], D // self.n_head)
+                cache["k"] = k.new_zeros(B, self.n_head, cache["size"], self.head_dim)
                 cache["v"] = torch.zeros_like(cache["k"])
             cache["k"][:, :, start:end], cache["v"][:, :, start:end] = k, v
             k, v = cache["k"][:, :, :end], cache["v"][:, :, :end]
@@ -1384,14 +1383,11 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(n_embd)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.value_head = nn.Linear(n_embd, 1)  # V(s) read at the <act> token (gae and reinforce)
-        self.apply(self._init)
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+        for m in self.modules():                # GPT-2's init: weights N(0, 0.02), biases 0
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
 
     def new_cache(self):
         return [{"size": self.block_size} for _ in self.blocks]
