@@ -791,8 +791,7 @@ def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_items:
             norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))  # pre-clip norm
             if grads.allows(norm):
                 optimizer.step()
-            s["grad_norm"] = norm
-            stats.update(s)
+            stats.update(s, grad_norm=norm)
             n += 1
     return {**{k: v / n for k, v in stats.items()}, "learner_steps": n}
 
@@ -909,8 +908,7 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
 def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 0, generator=None) -> list:
     """Rollout: G episodes of each of tasks_per_iter train tasks, sampled by behaviour policy `version`.
     Each rank of a distributed run draws its own tasks (the rank is part of the seed)."""
-    rng = np.random.default_rng([cfg.seed, iteration, rank])
-    task_seeds = rng.integers(0, 2**31 - 1, size=cfg.tasks_per_iter)
+    task_seeds = np.random.default_rng([cfg.seed, iteration, rank]).integers(0, 2**31 - 1, size=cfg.tasks_per_iter)
     groups = [rank * cfg.tasks_per_iter + g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
     policy.eval()
     episodes, _ = rollout(policy, tok, cfg, np.repeat(task_seeds, cfg.group_size), "train", greedy=False,
@@ -1058,8 +1056,7 @@ RANGES = {"seed": (0, 2**32 - 1), "eval_seed": (0, 2**32 - 1), "max_turns": (0, 
 
 
 def validate_config(cfg: Config) -> Config:
-    """Refuse a bad setting up front, naming the field, instead of failing deep inside torch or after
-    the warm start."""
+    """Refuse a bad setting up front, naming the field, instead of failing deep inside torch or after the warm start."""
     for f in fields(Config):
         value = getattr(cfg, f.name)
         kind = (int, float) if isinstance(f.default, float) else type(f.default)
@@ -1723,8 +1720,8 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     summary.json, and report.html drawn from the same records (Part III, pictures)."""
     cfg, history, incumbent = run.cfg, run.history, run.incumbent
     save_checkpoint(run.dir / "final.pt", run.policy, run.tok, cfg, run.version if promoted else 0)
-    print("\n" + format_report_card({"incumbent dev": incumbent["dev"], "candidate dev": candidate["dev"],
-                                     "incumbent test": incumbent["test"], "candidate test": candidate["test"]}))
+    cards = {"incumbent": incumbent, "candidate": candidate}
+    print("\n" + format_report_card({f"{who} {part}": cards[who][part] for part in ("dev", "test") for who in cards}))
     print("\nrelease gates (decided on dev; test is reported only):")
     for g in gates:
         print(f"  {'pass' if g['passed'] else 'FAIL'}  {g['gate']:<34} {str(g['value']):<34} rule {g['rule']}")
@@ -1750,7 +1747,7 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
                "zero_std_group_fraction": (round(sum(m["zero_std_groups"] for m in history) /
                                                  (len(history) * cfg.tasks_per_iter * run.world), 4)
                                            if history and history[0]["zero_std_groups"] is not None else None),
-               "reports": {"incumbent": incumbent, "candidate": candidate}, "config": asdict(cfg)}
+               "reports": cards, "config": asdict(cfg)}
     if run.world > 1:
         summary["param_hashes"] = run.hashes
     atomic_write(run.dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
@@ -2275,8 +2272,7 @@ def table(header, rows, attrs=None) -> str:
 def gates_html(summary: dict) -> str:
     """The report card (the terminal's own rows) and every release gate: observed value, limit, verdict."""
     r = summary["reports"]
-    cols = {"incumbent dev": r["incumbent"]["dev"], "candidate dev": r["candidate"]["dev"],
-            "incumbent test": r["incumbent"]["test"], "candidate test": r["candidate"]["test"]}
+    cols = {f"{who} {part}": r[who][part] for part in ("dev", "test") for who in ("incumbent", "candidate")}
     rows = report_card_rows(cols)
     cells = [[esc(g), esc(label)] + [esc(v) for v in vals] for g, _, label, vals in rows]
     card = table(["report card", ""] + list(cols), cells, [f" data-row='{esc(k)}'" for _, k, _, _ in rows])
