@@ -1756,7 +1756,7 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     return summary
 
 
-# --- Monitors: the report card, the gradient spike rule, the console line ------------------------
+# --- Monitors: the report card, the gradient spike rule, the console line -----------------------
 def wilson_interval(successes: int, n: int, z: float = 1.96):
     """95 % Wilson score interval for a success rate (honest near 0 and 1, unlike p ± 1.96·se)."""
     if n == 0:
@@ -2148,7 +2148,7 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
               "cuda_max_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev.type == "cuda" else None}
     atomic_write(Path(out) / "bench.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
     r, v = report["rollout"], views["concat"]  # per view and the peers' figures: bench.json
-    print(f"device {dev}, {report['threads']} threads{' (quick: tiny sizes, not figures to quote)' if quick else ''}: "
+    print(f"device {dev}, {report['threads']} threads{' (quick: tiny sizes, not figures to quote)' if quick else ''}\n"
           f"rollout {r['kv_cache_tokens_per_s']:,} tokens/s with the KV cache (x{r['kv_cache_speedup']} over full "
           f"recompute); learner {v['ms_per_step']} ms per PPO step of {v['tokens_per_step']:,} tokens; reference unit "
           f"{report['reference_unit']['ms_per_step']} ms; peak RSS {report['peak_rss_mb']} MB; wrote {Path(out) / 'bench.json'}")
