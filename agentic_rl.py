@@ -241,15 +241,12 @@ class GateDecision:
 
 
 class HostGate:
-    """Deterministic permission gate outside the model, stateful for one episode.
-
-    Rules: the action is text; the tool is known (case-sensitive); its arguments have the right number
-    and kind (the environment's declared `tool_schema`); the environment's own permission rules
-    (`env_class.permission_rule`, e.g. flights: `book` only for the task's passenger). The turn budget
-    is the environment's own: it truncates the episode, and executes nothing after. A denied action is
-    never executed. Safety is this gate, not a reward term: a reward can
-    be traded off against success, a gate cannot.
-    """
+    """Deterministic permission gate outside the model, stateful for one episode. Rules: the action is text;
+    the tool is known (case-sensitive); its arguments have the right number and kind (the environment's
+    declared `tool_schema`); the environment's own permission rules (`env_class.permission_rule`, e.g.
+    flights: `book` only for the task's passenger). The turn budget is the environment's own: it truncates
+    the episode, and executes nothing after. A denied action is never executed. Safety is this gate, not a
+    reward term: a reward can be traded off against success, a gate cannot."""
 
     def __init__(self, env_cls, task: dict, max_turns: int, episode=None):
         self.env_class, self.task, self.max_turns = env_cls, task, max_turns
@@ -272,22 +269,19 @@ class HostGate:
                              "build a new one with HostGate.for_env(env) after every reset")
         self.turns += 1  # every proposal spends a turn, allowed or not
         words = str.split(action_text) if isinstance(action_text, str) else None  # str's own split, split once
-        decision = self._check(words)
+        schema, argument_words = self.env_class.tool_schema, self.env_class.argument_words
+        tool, args = (words[0], words[1:]) if words else ("", [])
+        if tool not in schema:
+            decision = GateDecision(False, "unknown_tool")
+        elif len(args) != len(schema[tool]) or any(a not in argument_words[k] for a, k in zip(args, schema[tool])):
+            decision = GateDecision(False, "bad_arguments")
+        elif violated := self.env_class.permission_rule(self.task, self.executed, tool, args):
+            decision = GateDecision(False, violated)
+        else:
+            decision = GateDecision(True, "ok", " ".join(words))
         if not decision.allowed:
             self.denials[decision.reason] += 1
         return decision
-
-    def _check(self, words) -> GateDecision:
-        schema, argument_words = self.env_class.tool_schema, self.env_class.argument_words
-        if not words or words[0] not in schema:
-            return GateDecision(False, "unknown_tool")
-        tool, args = words[0], words[1:]
-        if len(args) != len(schema[tool]) or any(a not in argument_words[k] for a, k in zip(args, schema[tool])):
-            return GateDecision(False, "bad_arguments")
-        violated = self.env_class.permission_rule(self.task, self.executed, tool, args)
-        if violated:
-            return GateDecision(False, violated)
-        return GateDecision(True, "ok", " ".join(words))
 
 
 def host_step(env, gate: HostGate, action_text: str):
@@ -311,23 +305,18 @@ def host_step(env, gate: HostGate, action_text: str):
 
 
 @torch.no_grad()
-def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool,
-            policy_version: int, iteration: int = 0, group_ids=None, task_ids=None, rank: int = 0,
-            generator=None):
-    """Play len(seeds) episodes at once (of the given task_ids, or of tasks drawn from each seed);
-    returns (episodes, envs) so evaluators can read the final states.
-
-    All episodes advance one token per step in lockstep, with a KV cache: a position is either a
-    forced context token (prompt / observation) or a token the policy samples. The sampled ids and
-    their log-probs are stored as they are: never decoded and re-encoded for training. The actions
-    that finish at the same step go to their tools together, concurrently when tools take time
-    (tool_latency_ms), as a real host would issue them.
-    """
-    device = next(policy.parameters()).device
-    B = len(seeds)
+def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool, policy_version: int,
+            iteration: int = 0, group_ids=None, task_ids=None, rank: int = 0, generator=None):
+    """Play len(seeds) episodes at once (of the given task_ids, or of tasks drawn from each seed); returns (episodes,
+    envs) so evaluators can read the final states. All episodes advance one token per step in lockstep, with a KV
+    cache: a position is either a forced context token (prompt / observation) or a token the policy samples. The
+    sampled ids and their log-probs are stored as they are: never decoded and re-encoded for training. The actions
+    that finish at the same step go to their tools together, concurrently when tools take time (tool_latency_ms), as
+    a real host would issue them."""
+    device, B = next(policy.parameters()).device, len(seeds)
     group_ids = list(range(B)) if group_ids is None else group_ids
     env_list = [make_env(cfg) for _ in range(B)]
-    gates, episodes, pending, queues, seqs = [], [], [], [], []
+    gates, episodes, pending, queues = [], [], [], []
     for i, (env, s) in enumerate(zip(env_list, seeds)):
         options = {"split": split} if task_ids is None else {"split": split, "task_id": int(task_ids[i])}
         obs, info = env.reset(seed=int(s), options=options)
@@ -337,63 +326,49 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
                                 policy_version, group_ids[i]))
         ids = tok.encode_observation(obs)
         pending.append({"obs": obs, "obs_tokens": ids, "action": [], "logprobs": []})
-        seqs.append(ids[:1])
-        queues.append(deque(ids[1:]))
-    active = [True] * B
-    cache = policy.new_cache()
-    inputs = torch.tensor([s[0] for s in seqs], device=device)  # (B,)
-    pos = 0
+        queues.append(deque(ids))
+    room = cfg.max_action_tokens + env_class(cfg.env).max_obs_words + 2    # the next action and its answer
+
+    def act(i) -> bool:
+        """Hand episode i's finished action to the host, record the Turn; returns whether the episode goes on."""
+        p, text = pending[i], tok.decode_action(pending[i]["action"])
+        obs, reward, terminated, truncated, info, decision = host_step(env_list[i], gates[i], text)
+        obs_ids = tok.encode_observation(obs)
+        if not (terminated or truncated) and pos + 2 + len(obs_ids) + room > cfg.block_size:  # pos + 2 tokens so far
+            truncated, info["truncated_by"] = True, "token_budget"  # the host's context window: a cut from outside
+            # the task, made while the whole final observation still fits (V(s_K) is read at its <act>)
+        episodes[i].turns.append(new_turn(p["obs"], p["obs_tokens"], p["action"], p["logprobs"], text, policy_version,
+                                          reward, terminated, truncated, info, decision))
+        if terminated or truncated:
+            episodes[i].final_obs_tokens = obs_ids
+            return False
+        pending[i] = {"obs": obs, "obs_tokens": obs_ids, "action": [], "logprobs": []}
+        queues[i].extend(obs_ids)
+        return True
+    active, cache, pos = [True] * B, policy.new_cache(), 0
+    nxt = [q.popleft() for q in queues]                                  # every episode starts with <obs>
     pool = ThreadPoolExecutor(max_workers=B) if cfg.tool_latency_ms else None
     while any(active):
-        logits, _ = policy(inputs[:, None], cache=cache, pos=pos)      # (B, 1, V)
+        logits, _ = policy(torch.tensor(nxt, device=device)[:, None], cache=cache, pos=pos)  # (B, 1, V)
         logp = F.log_softmax(logits[:, -1].float(), dim=-1)             # (B, V)
         sampled = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
         sampled_lp = logp.gather(1, sampled[:, None]).squeeze(1).tolist()
-        sampled = sampled.tolist()
-        nxt, acting = [], []
-        for i in range(B):
-            if not active[i]:
-                nxt.append(tok.pad)
-                continue
-            p = pending[i]
+        sampled, nxt, acting = sampled.tolist(), [tok.pad] * B, []
+        for i in (i for i in range(B) if active[i]):
             if queues[i]:                              # context: forced, not sampled, not trained
-                t = queues[i].popleft()
+                nxt[i] = queues[i].popleft()
             else:                                      # the policy's own token
-                t = sampled[i]
-                p["action"].append(t)
-                p["logprobs"].append(sampled_lp[i])
-                if t == tok.eoa or len(p["action"]) == cfg.max_action_tokens:
+                nxt[i] = sampled[i]
+                pending[i]["action"].append(sampled[i])
+                pending[i]["logprobs"].append(sampled_lp[i])
+                if sampled[i] == tok.eoa or len(pending[i]["action"]) == cfg.max_action_tokens:
                     acting.append(i)
-            seqs[i].append(t)
-            nxt.append(t)
-        act = lambda i: _act(env_list[i], gates[i], episodes[i], pending[i], queues[i], tok, cfg, len(seqs[i]),
-                             policy_version)
         for i, goes_on in zip(acting, pool.map(act, acting) if pool else map(act, acting)):
             active[i] = goes_on
-        inputs = torch.tensor(nxt, device=device)
         pos += 1
     if pool:
         pool.shutdown()
     return episodes, env_list
-
-
-def _act(env, gate, episode, p, queue, tok, cfg, seq_len, policy_version) -> bool:
-    """Hand one finished action to the host, record the Turn; returns whether the episode goes on."""
-    text = tok.decode_action(p["action"])
-    obs, reward, terminated, truncated, info, decision = host_step(env, gate, text)
-    obs_ids = tok.encode_observation(obs)
-    room = cfg.max_action_tokens + env_class(cfg.env).max_obs_words + 2    # the next action and its answer
-    if not (terminated or truncated) and seq_len + len(obs_ids) + room > cfg.block_size:
-        truncated, info["truncated_by"] = True, "token_budget"  # the host's context window: a cut from outside
-        # the task, made while the whole final observation still fits (V(s_K) is read at its <act>)
-    episode.turns.append(new_turn(p["obs"], p["obs_tokens"], p["action"], p["logprobs"], text, policy_version,
-                                  reward, terminated, truncated, info, decision))
-    if terminated or truncated:
-        episode.final_obs_tokens = obs_ids
-        return False
-    p.update(obs=obs, obs_tokens=obs_ids, action=[], logprobs=[])
-    queue.extend(obs_ids)
-    return True
 
 
 # ================================================================================================
@@ -816,17 +791,15 @@ def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_items:
             norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))  # pre-clip norm
             if grads.allows(norm):
                 optimizer.step()
-            s["grad_norm"] = norm
-            stats.update(s)
+            stats.update(s, grad_norm=norm)
             n += 1
     return {**{k: v / n for k, v in stats.items()}, "learner_steps": n}
 
 
 def ppo_step_loss(policy, ref_policy, rows, token_adv, returns, cfg: Config):
-    """One minibatch of PPO: clipped surrogate on the action tokens (+ value loss, + k3 KL if asked).
-    `rows` is either view (pack or pack_per_call); a minibatch of episodes takes all of their rows, so
-    both views make the same optimizer steps (one step per model call would run the schedule K times
-    too fast: ROLL #409)."""
+    """One minibatch of PPO: clipped surrogate on the action tokens (+ value loss, + k3 KL if asked). `rows` is
+    either view (pack or pack_per_call); a minibatch of episodes takes all of their rows, so both views make the same
+    optimizer steps (one step per model call would run the schedule K times too fast: ROLL #409)."""
     def step_loss(idx):                                                   # idx: the minibatch's episodes
         sel = torch.isin(rows["episode"], idx.to(rows["episode"].device))  # their rows
         tokens, mask, old_logprobs, adv = trim(rows["tokens"][sel], rows["action_mask"][sel], rows["old_logprobs"][sel],
@@ -885,6 +858,7 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
     route = dict.fromkeys(("zero_std_groups", "explained_variance", "denied_positive_advantage", "clip_frac",
                            "approx_kl", "kl_ref", "kept", "dpo_pairs", "groups_without_pair", "dpo_loss"))
     policy.train()
+    stats = {"grad_norm": 0.0, "learner_steps": 0}  # no update: rs_sft kept nothing, or dpo found no pair
     if cfg.algo in PPO_CREDITS:
         adv, returns, credit = advantages_for(batch, admitted, policy, cfg)           # (B, K) each
         denied = denied_turns(admitted, adv.shape[1])
@@ -901,7 +875,6 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
     elif cfg.algo == "rs_sft":
         kept = [ep for ep in admitted if ep.reward >= 1.0]       # the training verifier's verdict
         route["kept"] = len(kept)
-        stats = {"grad_norm": 0.0, "learner_steps": 0}
         if kept:
             sft = {k: v.to(device) for k, v in pack(kept, tok, cfg.block_size).items()}
 
@@ -913,7 +886,6 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
     else:
         chosen, rejected, without = dpo_pairs(admitted)
         route.update(dpo_pairs=len(chosen), groups_without_pair=without)
-        stats = {"grad_norm": 0.0, "learner_steps": 0}
         if chosen:
             c, r = ({k: v.to(device) for k, v in pack(x, tok, cfg.block_size).items()} for x in (chosen, rejected))
             every = torch.arange(len(chosen))
@@ -936,8 +908,7 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
 def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 0, generator=None) -> list:
     """Rollout: G episodes of each of tasks_per_iter train tasks, sampled by behaviour policy `version`.
     Each rank of a distributed run draws its own tasks (the rank is part of the seed)."""
-    rng = np.random.default_rng([cfg.seed, iteration, rank])
-    task_seeds = rng.integers(0, 2**31 - 1, size=cfg.tasks_per_iter)
+    task_seeds = np.random.default_rng([cfg.seed, iteration, rank]).integers(0, 2**31 - 1, size=cfg.tasks_per_iter)
     groups = [rank * cfg.tasks_per_iter + g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
     policy.eval()
     episodes, _ = rollout(policy, tok, cfg, np.repeat(task_seeds, cfg.group_size), "train", greedy=False,
@@ -951,12 +922,11 @@ def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 
 # ================================================================================================
 @torch.no_grad()
 def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = True) -> dict:
-    """A report card on `eval_episodes` held-out tasks of one part (dev or test): greedy decoding (the
-    same mode before and after training), judged by the environment's independent evaluator, never by
-    the training reward. Safety is read from the final states; pass^k comes from extra sampled trials
-    (temperature 1) on the first pass_k_tasks tasks, drawn from a generator of their own, so no evaluation
-    setting changes the training run of a seed (reliability=False skips them); efficiency counts what
-    the episodes spent."""
+    """A report card on `eval_episodes` held-out tasks of one part (dev or test): greedy decoding (the same mode
+    before and after training), judged by the environment's independent evaluator, never by the training reward.
+    Safety is read from the final states; pass^k comes from extra sampled trials (temperature 1) on the first
+    pass_k_tasks tasks, drawn from a generator of their own, so no evaluation setting changes the training run of a
+    seed (reliability=False skips them); efficiency counts what the episodes spent."""
     t0 = time.time()
     cfg = replace(cfg, time_limit=0)  # a report card judges the task itself, with no cut from outside it
     n, evaluate_episode = cfg.eval_episodes, env_class(cfg.env).evaluate_episode
@@ -990,11 +960,10 @@ def sign_test_p(wins: int, losses: int) -> float:
 
 
 def promotion_decision(candidate: dict, incumbent: dict):
-    """Release gates on the same dev tasks for both policies (paired, task by task) -> (promoted, reason,
-    gates); a gate: its name, value and rule (text), passed, observed and limit (and wins, losses). All
-    must pass: a significant gain, no unauthorized side effect, no more safety denials than the incumbent,
-    no category losing more than MAX_CATEGORY_DROP (or one task), no cost per solved task growing by more
-    than MAX_COST_GROWTH."""
+    """Release gates on the same dev tasks for both policies (paired, task by task) -> (promoted, reason, gates); a
+    gate: its name, value and rule (text), passed, observed and limit (and wins, losses). All must pass: a
+    significant gain, no unauthorized side effect, no more safety denials than the incumbent, no category losing more
+    than MAX_CATEGORY_DROP (or one task), no cost per solved task growing by more than MAX_COST_GROWTH."""
     if candidate["task_ids"] != incumbent["task_ids"]:
         raise ValueError("promotion_decision: candidate and incumbent were evaluated on different tasks")
     # BEGIN SOLUTION promotion
@@ -1087,8 +1056,7 @@ RANGES = {"seed": (0, 2**32 - 1), "eval_seed": (0, 2**32 - 1), "max_turns": (0, 
 
 
 def validate_config(cfg: Config) -> Config:
-    """Refuse a bad setting up front, naming the field, instead of failing deep inside torch or after
-    the warm start."""
+    """Refuse a bad setting up front, naming the field, instead of failing deep inside torch or after the warm start."""
     for f in fields(Config):
         value = getattr(cfg, f.name)
         kind = (int, float) if isinstance(f.default, float) else type(f.default)
@@ -1215,14 +1183,13 @@ def seed_everything(seed: int):
 
 # --- Devices, ranks and the async actor ---------------------------------------------------------
 def resolve_device(name: str) -> torch.device:
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    if name not in ("cpu", "cuda", "mps"):
+        name = next(kind for kind in ("cuda", "mps", "cpu") if available[kind])
+    if name not in available:
         raise ValueError(f"device={name!r}: use auto, cpu, cuda or mps")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but torch sees no CUDA GPU; use --device auto or cpu")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device='mps' but MPS is not available; use --device auto or cpu")
+    if not available[name]:
+        raise ValueError(f"device={name!r} but torch sees no {name.upper()} device; use --device auto or cpu")
     return torch.device(name)
 
 
@@ -1350,10 +1317,9 @@ def sft_lr_at(step: int, steps: int, peak: float) -> float:
 # The transformer: nanoGPT's decoder with rotary positions, a KV cache and a value head
 # ------------------------------------------------------------------------------------------------
 def rotary(positions, head_dim: int):
-    """Rotary position embedding (RoPE) angles, computed once per forward: pair i of q/k turns by
-    pos * 10000^(-i/half), so the score q.k depends on the distance between tokens. Copying "the word 6
-    tokens back" is then one fixed pattern wherever the turn sits in the episode (a design choice for
-    copy-heavy tool calls)."""
+    """RoPE angles, computed once per forward: pair i of q/k turns by pos * 10000^(-i/half), so the score q.k
+    depends on the distance between tokens. Copying "the word 6 tokens back" is then one fixed pattern wherever
+    the turn sits in the episode (a design choice for copy-heavy tool calls)."""
     half = head_dim // 2
     freq = 10000.0 ** (-torch.arange(half, device=positions.device) / half)  # (hd/2,)
     angle = positions[:, None].float() * freq[None]                          # (T, hd/2)
@@ -1376,12 +1342,12 @@ class SelfAttention(nn.Module):
     def forward(self, x, positions, rope, cache=None):
         B, T, D = x.shape
         q, k, v = self.qkv(x).split(D, dim=2)
-        q, k, v = (z.view(B, T, self.n_head, D // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, H, T, D/H)
+        q, k, v = (z.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for z in (q, k, v))  # (B, H, T, D/H)
         q, k = rotate(q, *rope), rotate(k, *rope)
         if cache is not None:  # write this step's keys/values into the preallocated cache; attend to all so far
             start, end = int(positions[0]), int(positions[-1]) + 1
             if "k" not in cache:
-                cache["k"] = k.new_zeros(B, self.n_head, cache["size"], D // self.n_head)
+                cache["k"] = k.new_zeros(B, self.n_head, cache["size"], self.head_dim)
                 cache["v"] = torch.zeros_like(cache["k"])
             cache["k"][:, :, start:end], cache["v"][:, :, start:end] = k, v
             k, v = cache["k"][:, :, :end], cache["v"][:, :, :end]
@@ -1408,22 +1374,17 @@ class GPT(nn.Module):
 
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
         super().__init__()
-        if n_embd % n_head:
-            raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
         self.block_size = block_size
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.value_head = nn.Linear(n_embd, 1)  # V(s) read at the <act> token (gae and reinforce)
-        self.apply(self._init)
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+        for m in self.modules():                # GPT-2's init: weights N(0, 0.02), biases 0
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
 
     def new_cache(self):
         return [{"size": self.block_size} for _ in self.blocks]
@@ -1755,17 +1716,16 @@ class Run:
 
 
 def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: list) -> dict:
-    """final.pt (the candidate if promoted, else the incumbent), the printed report card, gates and
-    learning curve, summary.json, and report.html drawn from the same records (Part III, pictures)."""
+    """final.pt (the candidate if promoted, else the incumbent), the printed report card and gates,
+    summary.json, and report.html drawn from the same records (Part III, pictures)."""
     cfg, history, incumbent = run.cfg, run.history, run.incumbent
     save_checkpoint(run.dir / "final.pt", run.policy, run.tok, cfg, run.version if promoted else 0)
-    print("\n" + format_report_card({"incumbent dev": incumbent["dev"], "candidate dev": candidate["dev"],
-                                     "incumbent test": incumbent["test"], "candidate test": candidate["test"]}))
+    cards = {"incumbent": incumbent, "candidate": candidate}
+    print("\n" + format_report_card({f"{who} {part}": cards[who][part] for part in ("dev", "test") for who in cards}))
     print("\nrelease gates (decided on dev; test is reported only):")
     for g in gates:
         print(f"  {'pass' if g['passed'] else 'FAIL'}  {g['gate']:<34} {str(g['value']):<34} rule {g['rule']}")
     print(f"promotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to the incumbent'} ({reason})")
-    print(learning_curve([m["success"] for m in history]))
     run.seconds["total"] = time.time() - run.t0
     deployed, staleness = candidate if promoted else incumbent, Counter(m["staleness_max"] for m in history)
     summary = {"env": cfg.env, "algo": cfg.algo, "seed": cfg.seed, "device": str(run.device),
@@ -1787,7 +1747,7 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
                "zero_std_group_fraction": (round(sum(m["zero_std_groups"] for m in history) /
                                                  (len(history) * cfg.tasks_per_iter * run.world), 4)
                                            if history and history[0]["zero_std_groups"] is not None else None),
-               "reports": {"incumbent": incumbent, "candidate": candidate}, "config": asdict(cfg)}
+               "reports": cards, "config": asdict(cfg)}
     if run.world > 1:
         summary["param_hashes"] = run.hashes
     atomic_write(run.dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
@@ -1796,7 +1756,7 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     return summary
 
 
-# --- Monitors: the report card, the gradient spike rule, the console line, the learning curve ---
+# --- Monitors: the report card, the gradient spike rule, the console line -----------------------
 def wilson_interval(successes: int, n: int, z: float = 1.96):
     """95 % Wilson score interval for a success rate (honest near 0 and 1, unlike p ± 1.96·se)."""
     if n == 0:
@@ -1901,18 +1861,6 @@ def log_line(it: int, m: dict) -> str:
             ("dpo_pairs", "{}"), ("invalid_rate", "{:.3f}"), ("grad_norm", "{:.2f}"), ("staleness_max", "{}"),
             ("episodes_per_second", "{:.0f}")]
     return f"iter {it:3d} | " + " | ".join(f"{k} {fmt.format(m[k])}" for k, fmt in keys if m.get(k) is not None)
-
-
-def learning_curve(values, width: int = 60, height: int = 6) -> str:
-    """A terminal plot of training success per iteration (sampled episodes, so noisier than holdout)."""
-    if not values:
-        return ""
-    cols = [float(np.mean(c)) for c in np.array_split(np.array(values), min(width, len(values)))]
-    lines = ["training success per iteration (sampled):"]
-    for h in range(height, 0, -1):
-        lines.append(f"{h / height:4.2f} |" + "".join("#" if v >= (h - 0.5) / height else " " for v in cols))
-    lines.append("     +" + "-" * len(cols) + f"  iterations 0..{len(values) - 1}")
-    return "\n".join(lines)
 
 
 def report_card_rows(columns: dict) -> list:
@@ -2120,15 +2068,9 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
     atomic_write(Path(out) / "compare.json", lambda f: f.write(json.dumps(result, indent=2).encode()))
     print(f"\n{cfg.env}: held-out test success over seeds {list(seeds)}, {cfg.eval_episodes} tasks each; every route "
           f"spends {cfg.iterations} x {cfg.tasks_per_iter * cfg.group_size} environment episodes")
-    print(f"{'route':<11}{'mean':>7}{'min':>7}{'max':>7}{'pass^' + str(cfg.pass_k):>8}  {'>=0.9 at':<12}{'trunc':>7}"
-          f"{'gen tokens':>12}{'tool calls':>11}{'steps':>7}{'wall s':>8}   training success every 5 iterations")
-    for route, r in per_route.items():
-        curve = np.mean([c for c in r["curves"] if c], axis=0)[::5] if r["curves"][0] else []
-        first = ",".join("-" if x["first_at_0.9"] is None else str(x["first_at_0.9"]) for x in r["per_seed"])
-        trunc = np.mean([x["test_truncation"] for x in r["per_seed"]])
-        print(f"{route:<11}{r['test_success_mean']:>7.3f}{r['min']:>7.3f}{r['max']:>7.3f}{r['pass^k_mean']:>8.3f}  "
-              f"{first if route != 'warm start' else '':<12}{trunc:>7.3f}{r['generated_tokens']:>12,}{r['tool_calls']:>11,}"
-              f"{r['learner_steps']:>7}{r['wall_seconds_mean']:>8.1f}   " + " ".join(f"{x:.2f}" for x in curve))
+    for route, r in per_route.items():  # the rest of each route's figures: compare.json and compare.html
+        print(f"  {route:<11} mean {r['test_success_mean']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}), "
+              f"pass^{cfg.pass_k} {r['pass^k_mean']:.3f}, {r['wall_seconds_mean']:.1f} s")
     print(f"wrote {Path(out) / 'compare.json'} and {write_page(Path(out) / 'compare.html', compare_page(result), '--out')}")
     return result
 
@@ -2164,13 +2106,11 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
     @torch.no_grad()
     def decode(use_cache: bool):
         seq, cache = prompt, policy.new_cache()
-        for pos in range(P + N - 1):
-            if use_cache:
-                logits = policy(seq[:, pos:pos + 1], cache=cache, pos=pos)[0][:, -1]
-            else:
-                logits = policy(seq)[0][:, -1] if pos >= P - 1 else None
-            if pos >= P - 1:
-                seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], 1)
+        if use_cache:
+            policy(prompt[:, :-1], cache=cache)                              # prefill all but the last prompt token
+        for pos in range(P - 1, P + N - 1):
+            logits = policy(seq[:, pos:pos + 1], cache=cache, pos=pos)[0] if use_cache else policy(seq)[0]
+            seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], 1)
         return seq
     with_cache, t_cache = timed(lambda: decode(True))
     recomputed, t_full = timed(lambda: decode(False))
@@ -2207,17 +2147,11 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
               "cuda_max_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev.type == "cuda" else None}
     atomic_write(Path(out) / "bench.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
-    r, u = report["rollout"], report["reference_unit"]
+    r, v = report["rollout"], views["concat"]  # per view and the peers' figures: bench.json
     print(f"device {dev}, {report['threads']} threads{' (quick: tiny sizes, not figures to quote)' if quick else ''}\n"
-          f"rollout  {B} x ({P} prompt + {N} generated) tokens: KV cache {r['kv_cache_tokens_per_s']:,} tokens/s, "
-          f"full recompute {r['full_recompute_tokens_per_s']:,} tokens/s, speed-up x{r['kv_cache_speedup']}")
-    for view, v in views.items():  # concat is the learner's own view
-        print(f"learner  {view:<9} {v['rows']} rows for {len(demos)} episodes, {v['tokens_per_step']:,} tokens per "
-              f"PPO step: {v['ms_per_step']} ms, {round(v['tokens_per_step'] / v['ms_per_step'] * 1000):,} tokens/s")
-    print(f"reference unit ({u['parameters']:,} parameters, 64 x 46 tokens, one AdamW step): {u['ms_per_step']} ms; peers: "
-          + "; ".join(f"{peer}: {figure}" for peer, figure in PEERS.items()))
-    print(f"peak RSS {report['peak_rss_mb']} MB" + (f", CUDA max allocated {report['cuda_max_allocated_mb']} MB"
-                                                   if dev.type == "cuda" else "") + f"; wrote {Path(out) / 'bench.json'}")
+          f"rollout {r['kv_cache_tokens_per_s']:,} tokens/s with the KV cache (x{r['kv_cache_speedup']} over full "
+          f"recompute); learner {v['ms_per_step']} ms per PPO step of {v['tokens_per_step']:,} tokens; reference unit "
+          f"{report['reference_unit']['ms_per_step']} ms; peak RSS {report['peak_rss_mb']} MB; wrote {Path(out) / 'bench.json'}")
     return report
 
 
@@ -2338,8 +2272,7 @@ def table(header, rows, attrs=None) -> str:
 def gates_html(summary: dict) -> str:
     """The report card (the terminal's own rows) and every release gate: observed value, limit, verdict."""
     r = summary["reports"]
-    cols = {"incumbent dev": r["incumbent"]["dev"], "candidate dev": r["candidate"]["dev"],
-            "incumbent test": r["incumbent"]["test"], "candidate test": r["candidate"]["test"]}
+    cols = {f"{who} {part}": r[who][part] for part in ("dev", "test") for who in ("incumbent", "candidate")}
     rows = report_card_rows(cols)
     cells = [[esc(g), esc(label)] + [esc(v) for v in vals] for g, _, label, vals in rows]
     card = table(["report card", ""] + list(cols), cells, [f" data-row='{esc(k)}'" for _, k, _, _ in rows])
