@@ -79,7 +79,7 @@ class Config:
     code_verifier: str = "state"          # code repair only: state | visible_tests (a NAIVE verifier that pays for `rm tests`)
     code_bugs: int = 2                    # code repair only: up to this many buggy lines (3: the long-horizon setting)
     tool_latency_ms: float = 0.0          # simulated time per tool call (the host overlaps one step's calls)
-    algo: str = "grpo"                    # grpo | stepgroup | gae | reinforce (PPO on these credits) | rs_sft | dpo
+    algo: str = "grpo"                    # grpo | stepgroup | gae | reinforce (A = G - V(s)): PPO on these credits | rs_sft | dpo
     seed: int = 0                         # drives python, numpy, torch and every training env.reset(seed=...)
     device: str = "auto"                  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
     run_dir: str = ""                     # one run per directory; "" = a new runs/<env>-<algo>-s<seed>[-N] each time
@@ -101,7 +101,7 @@ class Config:
     iterations: int = 30                  # rollout -> update rounds; policy_version += 1 each
     tasks_per_iter: int = 16              # distinct train tasks per iteration
     group_size: int = 8                   # G rollouts of the same task (GRPO's group)
-    ppo_epochs: int = 2                   # passes over each batch, so ratio and clip actually act
+    ppo_epochs: int = 2                   # passes over each batch: the ratio moves after the first step, the clip acts
     minibatch_size: int = 64              # episodes per optimizer step
     lr: float = 1e-4                      # AdamW learning rate for RL (3e-4 and up: entropy and invalid actions grow)
     clip_eps: float = 0.2                 # PPO clip range
@@ -244,12 +244,12 @@ class HostGate:
     """Deterministic permission gate outside the model, stateful for one episode. Rules: the action is text;
     the tool is known (case-sensitive); its arguments have the right number and kind (the environment's
     declared `tool_schema`); the environment's own permission rules (`env_class.permission_rule`, e.g.
-    flights: `book` only for the task's passenger). The turn budget is the environment's own: it truncates
-    the episode, and executes nothing after. A denied action is never executed. Safety is this gate, not a
+    flights: `book` only for the task's passenger). The turn budget is not a gate rule: the environment
+    truncates the episode when it is spent, and executes nothing after. A denied action is never executed. Safety is this gate, not a
     reward term: a reward can be traded off against success, a gate cannot."""
 
-    def __init__(self, env_cls, task: dict, max_turns: int, episode=None):
-        self.env_class, self.task, self.max_turns = env_cls, task, max_turns
+    def __init__(self, env_cls, task: dict, episode=None):
+        self.env_class, self.task = env_cls, task
         self.episode = episode     # (raw env, its episode_count) when built by for_env: the gate serves that episode only
         self.turns = 0
         self.executed = []         # (tool, args, observation) of every call the environment executed
@@ -261,14 +261,14 @@ class HostGate:
         raw = env.unwrapped
         if getattr(raw, "host_task", None) is None:
             raise ValueError("HostGate.for_env(env): env has no task yet; call env.reset(seed=...) first")
-        return cls(type(raw), dict(raw.host_task), raw.max_turns, (raw, raw.episode_count))
+        return cls(type(raw), dict(raw.host_task), (raw, raw.episode_count))
 
     def authorize(self, action_text) -> GateDecision:
         if self.episode is not None and self.episode[1] != self.episode[0].episode_count:
             raise ValueError("this HostGate was built for another episode (the env was reset since): "
                              "build a new one with HostGate.for_env(env) after every reset")
         self.turns += 1  # every proposal spends a turn, allowed or not
-        words = str.split(action_text) if isinstance(action_text, str) else None  # str's own split, split once
+        words = str.split(action_text) if isinstance(action_text, str) else None  # not text: unknown_tool
         schema, argument_words = self.env_class.tool_schema, self.env_class.argument_words
         tool, args = (words[0], words[1:]) if words else ("", [])
         if tool not in schema:
@@ -285,7 +285,7 @@ class HostGate:
 
 
 def host_step(env, gate: HostGate, action_text: str):
-    """validate_and_authorize -> env.step. An allowed action is executed exactly as checked
+    """gate.authorize (the chapter's validate_and_authorize) -> env.step. An allowed action is executed exactly as checked
     (decision.action: the checked words, never the text again); a denied one never reaches the tools:
     the environment spends the turn and answers with the denial, so its clock stays true. Returns
     (obs, reward, terminated, truncated, info, decision); info["truncated_by"] names a cut."""
@@ -300,6 +300,7 @@ def host_step(env, gate: HostGate, action_text: str):
         obs, reward, terminated, truncated, info = raw.refuse(decision.reason,
                                                               invalid=decision.reason in ("unknown_tool", "bad_arguments"))
     truncated = truncated and not terminated  # a TimeLimit may set both on the last step: the end state wins
+    # time_limit: gymnasium's TimeLimit (make_env, Part II) counts executed calls; a denial bypasses it (raw.refuse)
     info["truncated_by"] = "" if not truncated else "turn_budget" if raw.state.turns >= raw.max_turns else "time_limit"
     return obs, reward, terminated, truncated, info, decision
 
@@ -781,7 +782,7 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
 def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_items: int, step_loss, batch_size=None) -> dict:
     """ppo_epochs passes over n_items (episodes: the per-call view's rows of one episode stay together)
     in shuffled minibatches: loss, backward, pre-clip norm (the spike rule may skip the step), clip,
-    AdamW. Several passes over one batch are what make PPO's ratio move."""
+    AdamW. After the first step every later minibatch sees a ratio != 1; more passes let the clip act."""
     stats, n = Counter(), 0
     for _ in range(cfg.ppo_epochs):
         for idx in torch.randperm(n_items).split(batch_size or cfg.minibatch_size):
@@ -963,7 +964,9 @@ def promotion_decision(candidate: dict, incumbent: dict):
     """Release gates on the same dev tasks for both policies (paired, task by task) -> (promoted, reason, gates); a
     gate: its name, value and rule (text), passed, observed and limit (and wins, losses). All must pass: a
     significant gain, no unauthorized side effect, no more safety denials than the incumbent, no category losing more
-    than MAX_CATEGORY_DROP (or one task), no cost per solved task growing by more than MAX_COST_GROWTH."""
+    than MAX_CATEGORY_DROP (or one task), no cost per solved task growing by more than MAX_COST_GROWTH.
+    Each report (evaluate) holds task_ids, per_task (1/0 success per task), categories (success per task kind),
+    unauthorized_side_effects, safety_denials (gate denials of safety rules) and efficiency (cost figures)."""
     if candidate["task_ids"] != incumbent["task_ids"]:
         raise ValueError("promotion_decision: candidate and incumbent were evaluated on different tasks")
     # BEGIN SOLUTION promotion
@@ -2388,10 +2391,16 @@ def examples_page(ex: dict) -> str:
 
 
 # --- The command line ---------------------------------------------------------------------------
+@functools.cache
+def config_comments() -> dict:
+    """The comment beside each Config field (its --help), read once: inspect re-parses this file each call."""
+    return {line.split(":")[0].strip(): line.split("#", 1)[1].strip().replace("%", "%%")
+            for line in inspect.getsource(Config).splitlines() if ":" in line and "#" in line and "=" in line}
+
+
 def add_config_flags(parser, only=None):
     """Config fields as flags (all, or those in `only`); --help is the comment beside each field."""
-    comments = {line.split(":")[0].strip(): line.split("#", 1)[1].strip().replace("%", "%%")
-                for line in inspect.getsource(Config).splitlines() if ":" in line and "#" in line and "=" in line}
+    comments = config_comments()
     for f in fields(Config):
         if only is None or f.name in only:  # a bool is a switch (--overwrite)
             kind = {"action": "store_true"} if isinstance(f.default, bool) else \
