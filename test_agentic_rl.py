@@ -2254,6 +2254,7 @@ def test_hw(exercise, name, check_fn, hidden):
 #   answer key; the experiments are graded on the runs' own records.
 # ================================================================================================
 import argparse
+import functools
 import hashlib
 import inspect
 import os
@@ -2746,6 +2747,7 @@ def fork_server(control_fd: int):
             os.close(out_r)
         else:
             send(control, {"killed": kill_all(req["uid"])})
+    os._exit(0)                                       # the grader closed the socket: nothing to flush, no teardown
 
 
 SERVER_IMPORTS = (  # with project_imports(): what a worker can import where the sandbox user cannot read Python's files
@@ -3020,17 +3022,22 @@ def parse_answers(text, problem) -> tuple:
     return (answers, None) if isinstance(answers, dict) else (None, "answers.json must hold a JSON object")
 
 
+@functools.lru_cache(maxsize=4)
+def compile_problem(text: str, name: str):
+    """Why a file does not compile, or None; once per file and grading, not once per exercise."""
+    try:
+        compile(text, name, "exec")
+    except Exception as e:                    # SyntaxError, and what a pathological file makes of the compiler
+        return f"{type(e).__name__}: {str(e)[:300]}"
+
+
 def files_for(ex: str, submission: dict):
     """The two files an exercise's worker imports: the student's file holding the exercise, and their
     other file if it compiles, else the handout's (blanks only); or why the exercise cannot be graded."""
     files = {}
     for name in ("agentic_rl.py", "envs.py"):
         text, problem = submission[name]
-        if problem is None:
-            try:
-                compile(text, name, "exec")
-            except Exception as e:            # SyntaxError, and what a pathological file makes of the compiler
-                problem = f"{type(e).__name__}: {str(e)[:300]}"
+        problem = problem or compile_problem(text, name)
         if problem and name == EXERCISE_FILE[ex]:
             return f"{name} cannot be graded: {problem}"
         files[name] = handout_text(name) if problem else text
