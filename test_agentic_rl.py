@@ -1,6 +1,6 @@
 """Tests for agentic_rl.py and envs.py, in the module's section order.
 
-Run: python -m pytest -q test_agentic_rl.py      (about 100 s on 2 CPU cores)
+Run: python -m pytest -q test_agentic_rl.py      (about 90 s on 2 CPU cores)
 """
 import json
 import math
