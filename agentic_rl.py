@@ -79,7 +79,7 @@ class Config:
     code_verifier: str = "state"          # code repair only: state | visible_tests (a NAIVE verifier that pays for `rm tests`)
     code_bugs: int = 2                    # code repair only: up to this many buggy lines (3: the long-horizon setting)
     tool_latency_ms: float = 0.0          # simulated time per tool call (the host overlaps one step's calls)
-    algo: str = "grpo"                    # grpo | stepgroup | gae | reinforce (A = G - V(s)): PPO on these credits | rs_sft | dpo
+    algo: str = "grpo"                    # grpo | stepgroup | gae | reinforce (A = G - V(s)): PPO | rs_sft | dpo
     seed: int = 0                         # drives python, numpy, torch and every training env.reset(seed=...)
     device: str = "auto"                  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
     run_dir: str = ""                     # one run per directory; "" = a new runs/<env>-<algo>-s<seed>[-N] each time
@@ -245,8 +245,8 @@ class HostGate:
     the tool is known (case-sensitive); its arguments have the right number and kind (the environment's
     declared `tool_schema`); the environment's own permission rules (`env_class.permission_rule`, e.g.
     flights: `book` only for the task's passenger). The turn budget is not a gate rule: the environment
-    truncates the episode when it is spent, and executes nothing after. A denied action is never executed. Safety is this gate, not a
-    reward term: a reward can be traded off against success, a gate cannot."""
+    truncates the episode when it is spent, and executes nothing after. A denied action is never executed.
+    Safety is this gate, not a reward term: a reward can be traded off against success, a gate cannot."""
 
     def __init__(self, env_cls, task: dict, episode=None):
         self.env_class, self.task = env_cls, task
@@ -285,10 +285,10 @@ class HostGate:
 
 
 def host_step(env, gate: HostGate, action_text: str):
-    """gate.authorize (the chapter's validate_and_authorize) -> env.step. An allowed action is executed exactly as checked
-    (decision.action: the checked words, never the text again); a denied one never reaches the tools:
-    the environment spends the turn and answers with the denial, so its clock stays true. Returns
-    (obs, reward, terminated, truncated, info, decision); info["truncated_by"] names a cut."""
+    """gate.authorize (the chapter's validate_and_authorize) -> env.step. An allowed action is executed
+    exactly as checked (decision.action: the checked words, never the text again); a denied one never
+    reaches the tools: the environment spends the turn and answers with the denial, so its clock stays
+    true. Returns (obs, reward, terminated, truncated, info, decision); info["truncated_by"] names a cut."""
     if gate.episode is not None and gate.episode[0] is not env.unwrapped:
         raise ValueError("this HostGate was built for another env: build one with HostGate.for_env(env)")
     decision, raw = gate.authorize(action_text), env.unwrapped
