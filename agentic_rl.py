@@ -465,8 +465,8 @@ def discounted_returns(rewards, gamma) -> torch.Tensor:
 def value_after(ep: Episode, bootstrap_budget: bool = False) -> bool:
     """Does a value target bootstrap V(s_K) after the last turn? Only after a cut from outside the task
     (the host's token budget, a TimeLimit wrapper), which the policy cannot see. An end state has no
-    future; nor does the task's own turn budget, which every observation shows (Pardo et al. 2018, "Time
-    Limits in Reinforcement Learning"). bootstrap_budget=True is the experiment that gets this wrong (E3)."""
+    future; nor does the task's own turn budget, part of the task (shown unless --hide-clock; Pardo et al.
+    2018, "Time Limits in RL"). bootstrap_budget=True is the experiment that gets this wrong (README, E3)."""
     return ep.truncated and (ep.truncated_by in OUTSIDE_CUTS or (bootstrap_budget and ep.truncated_by == "turn_budget"))
 
 
@@ -751,7 +751,7 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     """Supervised fine-tuning on the demonstrator: imitation copies its habits, good and bad."""
     if cfg.warm_start_episodes == 0:
         return {"demo_success": None, "sft_loss": None, "epochs": 0}
-    demos = demonstration_episodes(cfg, tok, cfg.warm_start_episodes, seed=cfg.seed * 100_003 + 7)
+    demos = demonstration_episodes(cfg, tok, cfg.warm_start_episodes, seed=cfg.seed * 100_003 + 7)  # apart from RL's
     longest = max(sum(len(t.obs_tokens) + len(t.action_tokens) for t in ep.turns) + len(ep.final_obs_tokens)
                   for ep in demos)
     if longest > cfg.block_size:
