@@ -2254,6 +2254,7 @@ def test_hw(exercise, name, check_fn, hidden):
 #   answer key; the experiments are graded on the runs' own records.
 # ================================================================================================
 import argparse
+import fcntl
 import functools
 import hashlib
 import inspect
@@ -2805,7 +2806,6 @@ class Sandbox:
             self.note += f", user {os.getuid()} (no sandbox user: the student's code has the grader's rights)"
         self.lock = None
         if self.uid:   # kill_all kills every process of the sandbox user: one grading as root at a time
-            import fcntl
             self.lock = os.open("/run/agentic-rl-grade.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             try:
                 fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -3464,6 +3464,12 @@ def installation(tmp_path) -> Path:
     return source
 
 
+def hold(lock, how):
+    """Take (fcntl.LOCK_EX) or give back (LOCK_UN) the one-grading-at-a-time lock, where there is one (as root)."""
+    if lock is not None:
+        fcntl.flock(lock, how)
+
+
 class SharedSandbox:
     """What `with Sandbox(user, memory) as sandbox:` gives grade(), from a fork server kept for the in-process
     gradings of this module: starting one costs seconds (a fresh interpreter importing torch), and these tests
@@ -3476,9 +3482,7 @@ class SharedSandbox:
         self.sandbox = sandbox
 
     def __enter__(self):
-        if self.sandbox.lock is not None:
-            import fcntl
-            fcntl.flock(self.sandbox.lock, fcntl.LOCK_EX)
+        hold(self.sandbox.lock, fcntl.LOCK_EX)
         self.sandbox.__dict__.pop("network", None)              # this grading's workers say what they ran as
         return self.sandbox
 
@@ -3486,9 +3490,7 @@ class SharedSandbox:
         try:
             self.sandbox.clean()
         finally:
-            if self.sandbox.lock is not None:
-                import fcntl
-                fcntl.flock(self.sandbox.lock, fcntl.LOCK_UN)
+            hold(self.sandbox.lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="module")
@@ -3497,9 +3499,7 @@ def fork_servers():
     servers = {}
     yield servers
     for sandbox in servers.values():
-        if sandbox.lock is not None:
-            import fcntl
-            fcntl.flock(sandbox.lock, fcntl.LOCK_EX)
+        hold(sandbox.lock, fcntl.LOCK_EX)
         sandbox.__exit__(None, None, None)
 
 
@@ -3513,9 +3513,7 @@ def shared_sandbox(fork_servers):
         if (user, memory) not in fork_servers:
             fork_servers[user, memory] = server = real(user, memory)
             server.clean()                  # answered once its imports are done: no test's time limit pays for them
-            if server.lock is not None:                          # taken again for each grading
-                import fcntl
-                fcntl.flock(server.lock, fcntl.LOCK_UN)
+            hold(server.lock, fcntl.LOCK_UN)                     # taken again for each grading
         return SharedSandbox(fork_servers[user, memory])
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys.modules[__name__], "Sandbox", sandbox)
