@@ -67,8 +67,7 @@ import envs
 # ################################################################################################
 @dataclass
 class Config:
-    """Every setting of a run, CPU-sized; each field is a flag (`train --help`) and is checked before
-    anything runs (validate_config, Part II)."""
+    """Every setting of a run, CPU-sized: each is a flag (`train --help`), checked first (validate_config, Part II)."""
     env: str = envs.ENV_ID                # gymnasium id: FlightBooking-v0, CodeRepair-v0 or Vault-v0 (AgenticRL/...)
     injection_rate: float = 0.2           # flight only: share of tasks whose search result carries an injected note
     max_turns: int = 0                    # turn budget, part of the task and shown to the policy; 0 = the environment's
@@ -241,12 +240,11 @@ class GateDecision:
 
 
 class HostGate:
-    """Deterministic permission gate outside the model, stateful for one episode. Rules: the action is text;
-    the tool is known (case-sensitive); its arguments have the right number and kind (the environment's
-    declared `tool_schema`); the environment's own permission rules (`env_class.permission_rule`, e.g.
-    flights: `book` only for the task's passenger). The turn budget is not a gate rule: the environment
-    truncates the episode when it is spent, and executes nothing after. A denied action is never executed.
-    Safety is this gate, not a reward term: a reward can be traded off against success, a gate cannot."""
+    """Deterministic permission gate outside the model, stateful for one episode. Rules: the action is text; the tool
+    is known (case-sensitive); its arguments have the right number and kind (`tool_schema`); the environment's own
+    rules (`permission_rule`, e.g. flights: `book` only for the task's passenger). The turn budget is no gate rule:
+    the environment truncates the episode when it is spent, and executes nothing after. A denied action is never
+    executed. Safety is this gate, not a reward term: a reward can be traded off against success; a gate cannot."""
 
     def __init__(self, env_cls, task: dict, episode=None):
         self.env_class, self.task = env_cls, task
@@ -272,23 +270,21 @@ class HostGate:
         schema, argument_words = self.env_class.tool_schema, self.env_class.argument_words
         tool, args = (words[0], words[1:]) if words else ("", [])
         if tool not in schema:
-            decision = GateDecision(False, "unknown_tool")
+            reason = "unknown_tool"
         elif len(args) != len(schema[tool]) or any(a not in argument_words[k] for a, k in zip(args, schema[tool])):
-            decision = GateDecision(False, "bad_arguments")
-        elif violated := self.env_class.permission_rule(self.task, self.executed, tool, args):
-            decision = GateDecision(False, violated)
+            reason = "bad_arguments"
         else:
-            decision = GateDecision(True, "ok", " ".join(words))
-        if not decision.allowed:
-            self.denials[decision.reason] += 1
-        return decision
+            reason = self.env_class.permission_rule(self.task, self.executed, tool, args) or "ok"
+        if reason == "ok":
+            return GateDecision(True, "ok", " ".join(words))
+        self.denials[reason] += 1
+        return GateDecision(False, reason)
 
 
 def host_step(env, gate: HostGate, action_text: str):
-    """gate.authorize (the chapter's validate_and_authorize) -> env.step. An allowed action is executed
-    exactly as checked (decision.action: the checked words, never the text again); a denied one never
-    reaches the tools: the environment spends the turn and answers with the denial, so its clock stays
-    true. Returns (obs, reward, terminated, truncated, info, decision); info["truncated_by"] names a cut."""
+    """gate.authorize (the chapter's validate_and_authorize) -> env.step of the checked words, never the text again
+    (decision.action). A denied action never reaches the tools, yet spends a turn: the environment answers with the
+    denial (its clock stays true). Returns env.step's five values (info["truncated_by"] names a cut), the decision."""
     if gate.episode is not None and gate.episode[0] is not env.unwrapped:
         raise ValueError("this HostGate was built for another env: build one with HostGate.for_env(env)")
     decision, raw = gate.authorize(action_text), env.unwrapped
@@ -297,8 +293,7 @@ def host_step(env, gate: HostGate, action_text: str):
         tool, *args = decision.action.split()
         gate.executed.append((tool, args, obs))
     else:
-        obs, reward, terminated, truncated, info = raw.refuse(decision.reason,
-                                                              invalid=decision.reason in ("unknown_tool", "bad_arguments"))
+        obs, reward, terminated, truncated, info = raw.refuse(decision.reason, invalid=decision.reason in HOST_RULES)
     truncated = truncated and not terminated  # a TimeLimit may set both on the last step: the end state wins
     # time_limit: gymnasium's TimeLimit (make_env, Part II) counts executed calls; a denial bypasses it (raw.refuse)
     info["truncated_by"] = "" if not truncated else "turn_budget" if raw.state.turns >= raw.max_turns else "time_limit"
@@ -310,10 +305,9 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
             iteration: int = 0, group_ids=None, task_ids=None, rank: int = 0, generator=None):
     """Play len(seeds) episodes at once (of the given task_ids, or of tasks drawn from each seed); returns (episodes,
     envs) so evaluators can read the final states. All episodes advance one token per step in lockstep, with a KV
-    cache: a position is either a forced context token (prompt / observation) or a token the policy samples. The
-    sampled ids and their log-probs are stored as they are: never decoded and re-encoded for training. The actions
-    that finish at the same step go to their tools together, concurrently when tools take time (tool_latency_ms), as
-    a real host would issue them."""
+    cache: each position is a forced context token (prompt / observation) or one the policy samples. Sampled ids and
+    their log-probs are stored as they are, never decoded and re-encoded for training. Actions that finish at the same
+    step go to their tools together (concurrently when tools take time, tool_latency_ms), like a real host's."""
     device, B = next(policy.parameters()).device, len(seeds)
     group_ids = list(range(B)) if group_ids is None else group_ids
     env_list = [make_env(cfg) for _ in range(B)]
@@ -376,12 +370,11 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
 # 02 · Gradient masks
 # ================================================================================================
 def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
-    """Episodes -> right-padded tensors, one row per episode: the whole multi-turn trajectory in one
-    sequence (the concatenated view). tokens (B, T); action_mask (B, T) = 1 only on tokens the policy
-    generated (including <eoa>), 0 on prompt, observations, gate messages and padding; old_logprobs
-    (B, T) recorded at sampling time (0 off the mask); turn_id (B, T) = turn index on action tokens,
-    -1 elsewhere; decision_pos (B, K) = the <act> before each turn (where V(s_k) is read); turn_mask
-    (B, K) = 1 for real turns; last_pos (B,) = the <act> closing the final observation (V(s_K)); episode (B,) = b."""
+    """Episodes -> right-padded tensors, one row (the whole multi-turn trajectory) per episode: the concatenated view.
+    tokens (B, T); action_mask (B, T) = 1 only on tokens the policy generated (including <eoa>), 0 on prompt,
+    observations, gate messages and padding; old_logprobs (B, T) from sampling time (0 off the mask); turn_id (B, T) =
+    turn index on action tokens, -1 elsewhere; decision_pos (B, K) = the <act> before each turn (V(s_k)); turn_mask
+    (B, K) = 1 for real turns; last_pos (B,) = the <act> after the final observation (V(s_K)); episode (B,) = b."""
     B, K, rows = len(episodes), max(len(ep.turns) for ep in episodes), []
     for ep in episodes:
         toks, dpos = [], []
@@ -413,11 +406,10 @@ def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
 
 
 def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
-    """The other view (Agent Lightning, verl-agent, rLLM): one row per model call, holding everything up
-    to that call; only the call's own action tokens are in its mask (and turn_id, turn_mask); episode (R,)
-    says whose row it is. With causal attention the same advantages give the same loss; what differs is
-    the bookkeeping, where real frameworks shipped bugs (SkyRL #1492 gave every step the last step's
-    mask), and the cost: K equal turns make K rows holding (K + 1) / 2 times the concatenated row's tokens."""
+    """The other view (Agent Lightning, verl-agent, rLLM): a row per model call, holding all up to it, with only the
+    call's own action tokens in its mask (and turn_id, turn_mask); episode (R,) = whose row. With causal attention the
+    same advantages give the same loss. What differs: the bookkeeping, where frameworks shipped bugs (SkyRL #1492 gave
+    each step the last one's mask), and the cost (K equal turns: K rows, (K + 1) / 2 times pack's tokens)."""
     calls = [(b, k) for b, ep in enumerate(episodes) for k in range(len(ep.turns))]
     out = pack([replace(episodes[b], turns=episodes[b].turns[:k + 1], final_obs_tokens=[]) for b, k in calls],
                tok, block_size)                                                        # (R, T): row = (b, k)
