@@ -455,18 +455,16 @@ def discounted_returns(rewards, gamma) -> torch.Tensor:
 
 
 def value_after(ep: Episode, bootstrap_budget: bool = False) -> bool:
-    """Does a value target bootstrap V(s_K) after the last turn? Only after a cut from outside the task
-    (the host's token budget, a TimeLimit wrapper), which the policy cannot see. An end state has no
-    future; nor does the task's own turn budget, part of the task (shown unless --hide-clock; Pardo et al.
-    2018, "Time Limits in RL"). bootstrap_budget=True is the experiment that gets this wrong (README, E3)."""
+    """Does a value target bootstrap V(s_K) after the last turn? Only after a cut from outside the task, unseen by the
+    policy (the host's token budget, a TimeLimit). An end state has no future; nor has the task's turn budget (shown
+    unless --hide-clock; Pardo et al. 2018, "Time Limits in RL"). bootstrap_budget=True (README, E3) is wrong."""
     return ep.truncated and (ep.truncated_by in OUTSIDE_CUTS or (bootstrap_budget and ep.truncated_by == "turn_budget"))
 
 
 def gae(rewards, values, last_value, bootstrap, gamma, lam):
-    """Generalized Advantage Estimation over K turns -> (advantages, returns), both (K,).
-    delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), where V(s_K) = last_value if `bootstrap` (an outside
-    cut: see value_after) and 0 otherwise; A_k = delta_k + gamma * lam * A_{k+1}; returns = A + V (the
-    value target). With lam = 1 the deltas telescope: A_k = G_k - V(s_k), REINFORCE with a baseline."""
+    """Generalized Advantage Estimation over K turns -> (advantages, returns = A + V, the value target), both (K,):
+    delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), with V(s_K) = last_value if `bootstrap` (value_after), else 0;
+    A_k = delta_k + gamma * lam * A_{k+1}. lam = 1 telescopes the deltas: A_k = G_k - V(s_k), REINFORCE + baseline."""
     _unit_interval(gamma, "gamma")
     _unit_interval(lam, "lam")
     r, v = _vector(rewards, "rewards"), _vector(values, "values")
@@ -486,10 +484,9 @@ def gae(rewards, values, last_value, bootstrap, gamma, lam):
 
 
 def group_advantages(rewards, std="population", eps=1e-6) -> torch.Tensor:
-    """GRPO: A_i = (r_i - mean(group)) / (std(group) + eps), along the last dim (one group per row).
-    std="population" (default, the chapter's [1,0,0,1] -> [+1,-1,-1,+1]); "unbiased" = Bessel's n-1 as
-    TRL and verl do (about ±0.866); "none" = Dr. GRPO (centre only). A group whose rewards are all equal
-    gets exactly zero advantage, e.g. [0.1] * 7: it carries no signal (zero_std_groups)."""
+    """GRPO: A_i = (r_i - mean(group)) / (std(group) + eps), along the last dim (one group per row). std="population"
+    (default, the chapter's [1,0,0,1] -> [+1,-1,-1,+1]); "unbiased" = Bessel's n-1 as TRL and verl do (about ±0.866);
+    "none" = Dr. GRPO (centre only). All-equal rewards (e.g. [0.1] * 7) get exactly 0: no signal (zero_std_groups)."""
     r = _vector(rewards, "rewards", ndim=None)
     if r.dim() == 0 or r.shape[-1] < 2:
         raise ValueError(f"rewards: need groups of at least 2 along the last dim, got shape {tuple(r.shape)}")
@@ -539,9 +536,8 @@ def state_key(ep: Episode, k: int) -> tuple:
 
 
 def group_credit(episodes, cfg: Config) -> tuple:
-    """grpo: A = R(τ) normalised within its task's group (Episode.group_id, never positions in the
-    batch), the same number on every turn: which trajectory was better, not which step. Returns
-    (advantages (B, K), how many groups had all-equal rewards and so no signal)."""
+    """grpo: A = R(τ) normalised within its task's group (Episode.group_id, not batch positions), the same number on
+    every turn: which trajectory was better, not which step. -> (advantages (B, K), how many groups were all equal)."""
     totals, group_of = torch.tensor([sum(turn_rewards(ep, cfg)) for ep in episodes]), [ep.group_id for ep in episodes]
     adv, n_zero = torch.zeros(len(episodes), max(len(ep.turns) for ep in episodes)), 0
     for g in dict.fromkeys(group_of):
@@ -567,10 +563,9 @@ def step_credit(episodes, cfg: Config) -> torch.Tensor:
 
 
 def critic_credit(batch, episodes, policy, cfg: Config) -> tuple:
-    """gae and reinforce: V(s_k), read at each turn's <act>, gives per-turn GAE advantages (reinforce:
-    lam = 1, A_k = G_k - V(s_k)); V after the last turn follows value_after. Returns (advantages (B, K),
-    normalised over the batch; value targets (B, K), A + V; explained variance 1 - Var[target - V] /
-    Var[target] over the real turns, CleanRL's critic-health figure: near 1 it predicts, <= 0 it explains nothing)."""
+    """gae, and reinforce (lam = 1: A_k = G_k - V(s_k)): per-turn GAE advantages from V(s_k) read at each turn's <act>
+    (after the last turn: value_after). -> advantages (B, K), batch-normalised; value targets A + V (B, K); explained
+    variance 1 - Var[target - V] / Var[target] on real turns (CleanRL's critic health: <= 0 explains nothing)."""
     with torch.no_grad():
         _, values = policy(batch["tokens"])                                  # (B, T)
     values, decision_pos, last_pos = values.float().cpu(), batch["decision_pos"].cpu(), batch["last_pos"].cpu()
@@ -640,9 +635,8 @@ def kl_k3(logprobs, ref_logprobs) -> torch.Tensor:
 
 
 def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta=0.1) -> torch.Tensor:
-    """Trajectory DPO: mean over pairs of -log σ(β [(chosen - ref_chosen) - (rejected - ref_rejected)]),
-    each a sequence log-prob (sum over the episode's action tokens). No environment reward, no advantage,
-    and it says nothing about which step mattered."""
+    """Trajectory DPO: mean over pairs of -log σ(β [(chosen - ref_chosen) - (rejected - ref_rejected)]), each a
+    sequence log-prob (summed over action tokens). No reward term, no advantage, nothing on which step mattered."""
     c, r, rc, rr = _same_shape(chosen_logps=chosen_logps, rejected_logps=rejected_logps,
                                ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
     if not float(beta) > 0:
@@ -837,11 +831,10 @@ def dpo_pairs(episodes) -> tuple:
 
 def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStore, grads: GradMonitor,
           episodes: list, version: int) -> dict:
-    """Store -> pack -> the chosen route's update, as policy `version`; returns the iteration's monitors.
-    PPO credits (grpo, stepgroup, gae, reinforce): advantages -> clipped surrogate over several epochs.
-    rs_sft (rejection sampling + SFT, "expert iteration"): keep the episodes the training verifier
-    passes and maximise their action tokens' likelihood; no ratio, no advantage: not policy-gradient RL.
-    dpo: chosen/rejected episodes of the same task against the frozen warm-start reference."""
+    """Store -> pack -> the chosen route's update, as policy `version`; returns the iteration's monitors. PPO credits
+    (grpo, stepgroup, gae, reinforce): advantages -> clipped surrogate over several epochs. rs_sft (rejection sampling
+    + SFT, "expert iteration"): maximise the likelihood of the episodes the training verifier passes; no ratio, no
+    advantage: not policy-gradient RL. dpo: chosen/rejected episodes of a task vs the frozen warm-start reference."""
     t0, stale_before, skipped_before = time.time(), store.refused_stale, grads.skipped
     ages = [version - ep.policy_version for ep in episodes]
     store.add_all(episodes, current_version=version)
@@ -915,11 +908,10 @@ def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 
 # ================================================================================================
 @torch.no_grad()
 def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = True) -> dict:
-    """A report card on `eval_episodes` held-out tasks of one part (dev or test): greedy decoding (the same mode
-    before and after training), judged by the environment's independent evaluator, never by the training reward.
-    Safety is read from the final states; pass^k comes from extra sampled trials (temperature 1) on the first
-    pass_k_tasks tasks, drawn from a generator of their own, so no evaluation setting changes the training run of a
-    seed (reliability=False skips them); efficiency counts what the episodes spent."""
+    """A report card on `eval_episodes` held-out tasks of one part (dev or test): greedy decoding (before and after
+    training alike), judged by the environment's independent evaluator, never the training reward. Safety is read from
+    the final states; efficiency counts what the episodes spent; pass^k (unless reliability=False) from extra sampled
+    trials (temperature 1) on the first pass_k_tasks tasks (own generator: eval settings never change training)."""
     t0 = time.time()
     cfg = replace(cfg, time_limit=0)  # a report card judges the task itself, with no cut from outside it
     n, evaluate_episode = cfg.eval_episodes, env_class(cfg.env).evaluate_episode
@@ -953,12 +945,11 @@ def sign_test_p(wins: int, losses: int) -> float:
 
 
 def promotion_decision(candidate: dict, incumbent: dict):
-    """Release gates on the same dev tasks for both policies (paired, task by task) -> (promoted, reason, gates); a
-    gate: its name, value and rule (text), passed, observed and limit (and wins, losses). All must pass: a
-    significant gain, no unauthorized side effect, no more safety denials than the incumbent, no category losing more
-    than MAX_CATEGORY_DROP (or one task), no cost per solved task growing by more than MAX_COST_GROWTH.
-    Each report (evaluate) holds task_ids, per_task (1/0 success per task), categories (success per task kind),
-    unauthorized_side_effects, safety_denials (gate denials of safety rules) and efficiency (cost figures)."""
+    """Release gates on the same dev tasks for both policies (paired by task) -> (promoted, reason, gates); a gate:
+    its name, value and rule (text), passed, observed and limit (and wins, losses). All must pass: a significant gain,
+    no unauthorized side effect, no more safety denials than the incumbent, no category drop or cost growth past its
+    limit (MAX_CATEGORY_DROP, MAX_COST_GROWTH). Reports (evaluate) hold task_ids, per_task (1/0 success), categories
+    (success per kind), unauthorized_side_effects, safety_denials (of safety rules) and efficiency."""
     if candidate["task_ids"] != incumbent["task_ids"]:
         raise ValueError("promotion_decision: candidate and incumbent were evaluated on different tasks")
     # BEGIN SOLUTION promotion
