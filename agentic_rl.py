@@ -342,27 +342,25 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
         return True
     active, cache, pos = [True] * B, policy.new_cache(), 0
     nxt = [q.popleft() for q in queues]                                  # every episode starts with <obs>
-    pool = ThreadPoolExecutor(max_workers=B) if cfg.tool_latency_ms else None
-    while any(active):
-        logits, _ = policy(torch.tensor(nxt, device=device)[:, None], cache=cache, pos=pos)  # (B, 1, V)
-        logp = F.log_softmax(logits[:, -1].float(), dim=-1)             # (B, V)
-        sampled = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
-        sampled_lp = logp.gather(1, sampled[:, None]).squeeze(1).tolist()
-        sampled, nxt, acting = sampled.tolist(), [tok.pad] * B, []
-        for i in (i for i in range(B) if active[i]):
-            if queues[i]:                              # context: forced, not sampled, not trained
-                nxt[i] = queues[i].popleft()
-            else:                                      # the policy's own token
-                nxt[i] = sampled[i]
-                pending[i]["action"].append(sampled[i])
-                pending[i]["logprobs"].append(sampled_lp[i])
-                if sampled[i] == tok.eoa or len(pending[i]["action"]) == cfg.max_action_tokens:
-                    acting.append(i)
-        for i, goes_on in zip(acting, pool.map(act, acting) if pool else map(act, acting)):
-            active[i] = goes_on
-        pos += 1
-    if pool:
-        pool.shutdown()
+    with ThreadPoolExecutor(max_workers=B) if cfg.tool_latency_ms else contextlib.nullcontext() as pool:
+        while any(active):
+            logits, _ = policy(torch.tensor(nxt, device=device)[:, None], cache=cache, pos=pos)  # (B, 1, V)
+            logp = F.log_softmax(logits[:, -1].float(), dim=-1)         # (B, V)
+            sampled = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
+            sampled_lp = logp.gather(1, sampled[:, None]).squeeze(1).tolist()
+            sampled, nxt, acting = sampled.tolist(), [tok.pad] * B, []
+            for i in (i for i in range(B) if active[i]):
+                if queues[i]:                          # context: forced, not sampled, not trained
+                    nxt[i] = queues[i].popleft()
+                else:                                  # the policy's own token
+                    nxt[i] = sampled[i]
+                    pending[i]["action"].append(sampled[i])
+                    pending[i]["logprobs"].append(sampled_lp[i])
+                    if sampled[i] == tok.eoa or len(pending[i]["action"]) == cfg.max_action_tokens:
+                        acting.append(i)
+            for i, goes_on in zip(acting, pool.map(act, acting) if pool else map(act, acting)):
+                active[i] = goes_on
+            pos += 1
     return episodes, env_list
 
 
@@ -747,28 +745,24 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.sft_lr, weight_decay=cfg.sft_weight_decay)
     n, losses, epochs = len(demos), [], cfg.sft_epochs or SFT_EPOCHS[cfg.env]
     steps = epochs * math.ceil(n / cfg.sft_batch_size)
-    bar = tqdm(total=steps, desc="warm start (SFT)", disable=not progress, leave=False)
-    for _ in range(epochs):
-        for idx in torch.randperm(n).split(cfg.sft_batch_size):
-            for group in opt.param_groups:
-                group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)
-            tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
-            logprobs, _ = token_logprobs(policy(tokens)[0], tokens)
-            loss = sft_loss(logprobs, mask)
-            opt.zero_grad()
-            loss.backward()  # no gradient clipping here: clipping at 1.0 delayed learning to copy (README)
-            opt.step()
-            losses.append(loss.item())
-            bar.update(1)
-    bar.close()
+    batches = (idx for _ in range(epochs) for idx in torch.randperm(n).split(cfg.sft_batch_size))  # each epoch shuffled
+    for idx in tqdm(batches, total=steps, desc="warm start (SFT)", disable=not progress, leave=False):
+        for group in opt.param_groups:
+            group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)
+        tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
+        logprobs, _ = token_logprobs(policy(tokens)[0], tokens)
+        loss = sft_loss(logprobs, mask)
+        opt.zero_grad()
+        loss.backward()  # no gradient clipping here: clipping at 1.0 delayed learning to copy (README)
+        opt.step()
+        losses.append(loss.item())
     return {"demo_success": float(np.mean([ep.reward for ep in demos])), "sft_loss": float(np.mean(losses[-10:])),
             "epochs": epochs}
 
 
 def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_items: int, step_loss, batch_size=None) -> dict:
-    """ppo_epochs passes over n_items (episodes: the per-call view's rows of one episode stay together)
-    in shuffled minibatches: loss, backward, pre-clip norm (the spike rule may skip the step), clip,
-    AdamW. After the first step every later minibatch sees a ratio != 1; more passes let the clip act."""
+    """ppo_epochs passes over n_items (episodes; dpo: pairs) in shuffled minibatches: loss, backward, pre-clip norm
+    (the spike rule may skip it), clip, AdamW. After the first step the ratio moves: more passes let the clip act."""
     stats, n = Counter(), 0
     for _ in range(cfg.ppo_epochs):
         for idx in torch.randperm(n_items).split(batch_size or cfg.minibatch_size):
@@ -857,7 +851,6 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
         stats = optimizer_steps(policy, optimizer, grads, cfg, len(admitted),
                                 ppo_step_loss(policy, ref_policy, rows, token_adv,
                                               None if returns is None else returns[rows["episode"]], cfg))
-        route.update(clip_frac=stats["clip_frac"], approx_kl=stats["approx_kl"], kl_ref=stats.get("kl_ref"))
     elif cfg.algo == "rs_sft":
         kept = [ep for ep in admitted if ep.reward >= 1.0]       # the training verifier's verdict
         route["kept"] = len(kept)
@@ -874,16 +867,15 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
         route.update(dpo_pairs=len(chosen), groups_without_pair=without)
         if chosen:
             c, r = ({k: v.to(device) for k, v in pack(x, tok, cfg.block_size).items()} for x in (chosen, rejected))
-            every = torch.arange(len(chosen))
-            with torch.no_grad():
-                ref_c, ref_r = sequence_logprobs(ref_policy, c, every), sequence_logprobs(ref_policy, r, every)
+            with torch.no_grad():                                           # the frozen reference, once
+                ref_c, ref_r = (sequence_logprobs(ref_policy, x, torch.arange(len(chosen))) for x in (c, r))
 
             def dpo_step(idx):
                 loss = dpo_loss(sequence_logprobs(policy, c, idx), sequence_logprobs(policy, r, idx), ref_c[idx],
                                 ref_r[idx], cfg.dpo_beta)
                 return loss, {"dpo_loss": float(loss.detach())}
             stats = optimizer_steps(policy, optimizer, grads, cfg, len(chosen), dpo_step, max(1, cfg.minibatch_size // 2))
-            route["dpo_loss"] = stats["dpo_loss"]
+    route.update((k, v) for k, v in stats.items() if k in route)  # clip_frac, approx_kl, kl_ref or dpo_loss
     return {**batch_monitors(admitted, cfg), "entropy": stats.get("entropy"), **route,
             "staleness_mean": float(np.mean(ages)), "staleness_max": max(ages),
             "refused_stale": store.refused_stale - stale_before, "learner_steps": stats["learner_steps"],
