@@ -62,8 +62,7 @@ import envs
 
 # ################################################################################################
 # PART I · THE LOOP
-# Everything one training iteration and its verdict need, in the chapter's order (01 to 07),
-# ending in train(). Read this part alone first; Parts II and III can wait.
+# One training iteration and its verdict, in the chapter's order (01 to 07), ending in train(): read it first.
 # ################################################################################################
 @dataclass
 class Config:
@@ -183,13 +182,12 @@ class Turn:
     cost: float
     invalid: bool           # malformed action (unknown tool / bad arguments)
     terminated: bool        # an end state of the task was reached
-    truncated: bool         # no end state, but something cut the episode here:
-    truncated_by: str = ""  # "turn_budget" (the task's own, shown to the policy), "token_budget" (the host's
-                            # context window) or "time_limit" (a wrapper outside the task); "" otherwise
+    truncated: bool         # no end state, but something cut the episode here
+    truncated_by: str = ""  # which cut (one of CUTS, below); "" otherwise
     process_reward: float = 0.0  # the environment's step verifier (info["process_reward"]); not the outcome
 
 
-CUTS = ("turn_budget", "token_budget", "time_limit")  # what may truncate an episode
+CUTS = ("turn_budget", "token_budget", "time_limit")  # the task's own (shown), the host's context window, a wrapper's
 OUTSIDE_CUTS = ("token_budget", "time_limit")         # of those, cuts from outside the task (the policy cannot see them)
 
 
@@ -249,9 +247,8 @@ class HostGate:
     def __init__(self, env_cls, task: dict, episode=None):
         self.env_class, self.task = env_cls, task
         self.episode = episode     # (raw env, its episode_count) when built by for_env: the gate serves that episode only
-        self.turns = 0
+        self.turns, self.denials = 0, Counter()
         self.executed = []         # (tool, args, observation) of every call the environment executed
-        self.denials = Counter()
 
     @classmethod
     def for_env(cls, env) -> "HostGate":
@@ -309,7 +306,6 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
     their log-probs are stored as they are, never decoded and re-encoded for training. Actions that finish at the same
     step go to their tools together (concurrently when tools take time, tool_latency_ms), like a real host's."""
     device, B = next(policy.parameters()).device, len(seeds)
-    group_ids = list(range(B)) if group_ids is None else group_ids
     env_list = [make_env(cfg) for _ in range(B)]
     gates, episodes, pending, queues = [], [], [], []
     for i, (env, s) in enumerate(zip(env_list, seeds)):
@@ -318,7 +314,7 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
         gates.append(HostGate.for_env(env))
         episodes.append(Episode(f"{split}-v{policy_version}-i{iteration}-r{rank}-e{i}", info["task_id"], cfg.env,
                                 info["env_version"], info["reward_version"], int(s), info["split"],
-                                policy_version, group_ids[i]))
+                                policy_version, i if group_ids is None else group_ids[i]))
         ids = tok.encode_observation(obs)
         pending.append({"obs": obs, "obs_tokens": ids, "action": [], "logprobs": []})
         queues.append(deque(ids))
@@ -516,8 +512,7 @@ def step_group_advantages(state_keys, step_returns, std="population", eps=1e-6) 
 
 
 def broadcast_to_tokens(advantages, turn_id):
-    """Per-episode (B,) or per-turn (B, K) advantages -> (B, T) on each action token, 0 elsewhere.
-    Copying one number onto every action token says which trajectory was better, not which step."""
+    """Per-episode (B,) or per-turn (B, K) advantages -> (B, T) on each action token, 0 elsewhere."""
     adv = advantages[:, None].expand(-1, max(1, int(turn_id.max()) + 1)) if advantages.dim() == 1 else advantages
     return torch.where(turn_id >= 0, adv.gather(1, turn_id.clamp(min=0)), torch.zeros((), device=adv.device))  # (B, T)
 
@@ -546,17 +541,15 @@ def group_credit(episodes, cfg: Config) -> tuple:
 
 
 def step_credit(episodes, cfg: Config) -> torch.Tensor:
-    """stepgroup's step term A^S(s_t), (B, K): within each task's group, turns taken in the same state
-    (state_key) are compared by their discounted return from there; 0 where no state repeats. Added to
-    grpo's A with weight 1, as GiGPO does: the step term only redistributes credit among turns that shared a state."""
+    """stepgroup's step term A^S(s_t), (B, K): step_group_advantages of each turn's discounted return, within its
+    task's group. Added to grpo's A with weight 1 (GiGPO): it only moves credit among turns that shared a state."""
     out = torch.zeros(len(episodes), max(len(ep.turns) for ep in episodes))
     for g in dict.fromkeys(ep.group_id for ep in episodes):
         turns = [(b, k) for b, ep in enumerate(episodes) if ep.group_id == g for k in range(len(ep.turns))]
         step_returns = torch.cat([discounted_returns(turn_rewards(episodes[b], cfg), cfg.gamma)
                                   for b in dict.fromkeys(b for b, _ in turns)])
         a_s = step_group_advantages([state_key(episodes[b], k) for b, k in turns], step_returns, cfg.adv_std)
-        for (b, k), x in zip(turns, a_s):
-            out[b, k] = x
+        out[[b for b, _ in turns], [k for _, k in turns]] = a_s              # out[b, k] = A^S of turn (b, k)
     return out
 
 
@@ -663,8 +656,7 @@ class StaleEpisode(ValueError):
 
 
 class TrajectoryStore:
-    """Admits only episodes a learner can trust; refuses bad data with a clear error, never patches it.
-    What it admits is a copy, so nobody can change it behind the store's back."""
+    """Admits only episodes a learner can trust, as copies; refuses bad data with a clear error, never patches it."""
 
     def __init__(self, max_staleness: int, vocab_size: int):
         for name, value, low in (("max_staleness", max_staleness, 0), ("vocab_size", vocab_size, 1)):
@@ -676,8 +668,7 @@ class TrajectoryStore:
         self.refused_stale = 0
 
     def add(self, ep: Episode, current_version: int):
-        """Admit one episode, or raise: StaleEpisode (a ValueError) when it is more than max_staleness
-        versions old, ValueError naming the episode and the problem for anything else."""
+        """Admit one episode, or raise StaleEpisode (a ValueError) or a ValueError naming the episode and problem."""
         if type(current_version) is not int or current_version < 0:
             raise ValueError(f"current_version={current_version!r}: the learner's policy_version, an int >= 0")
         malformed(ep, self.vocab_size)  # types, token ids, finite and possible numbers (Part II)
@@ -884,14 +875,12 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
 
 
 def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 0, generator=None) -> list:
-    """Rollout: G episodes of each of tasks_per_iter train tasks, sampled by behaviour policy `version`.
-    Each rank of a distributed run draws its own tasks (the rank is part of the seed)."""
+    """Rollout: G episodes of each of tasks_per_iter train tasks (each rank its own), by behaviour policy `version`."""
     task_seeds = np.random.default_rng([cfg.seed, iteration, rank]).integers(0, 2**31 - 1, size=cfg.tasks_per_iter)
     groups = [rank * cfg.tasks_per_iter + g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
     policy.eval()
-    episodes, _ = rollout(policy, tok, cfg, np.repeat(task_seeds, cfg.group_size), "train", greedy=False,
-                          policy_version=version, iteration=iteration, group_ids=groups, rank=rank, generator=generator)
-    return episodes
+    return rollout(policy, tok, cfg, np.repeat(task_seeds, cfg.group_size), "train", greedy=False,
+                   policy_version=version, iteration=iteration, group_ids=groups, rank=rank, generator=generator)[0]
 
 
 # ================================================================================================
@@ -948,13 +937,12 @@ def promotion_decision(candidate: dict, incumbent: dict):
     wins = sum(c > i for c, i in zip(candidate["per_task"], incumbent["per_task"]))
     losses = sum(c < i for c, i in zip(candidate["per_task"], incumbent["per_task"]))
     p = sign_test_p(wins, losses)
-    unauthorized, safety, safety_before = (candidate["unauthorized_side_effects"], candidate["safety_denials"],
-                                           incumbent["safety_denials"])
+    unauthorized = candidate["unauthorized_side_effects"]
+    safety, before = candidate["safety_denials"], incumbent["safety_denials"]
     gates = [("significant gain", f"{wins} won, {losses} lost, p = {p:.2g}", f"p < {GATE_LEVEL}", p < GATE_LEVEL,
               p, GATE_LEVEL),
              ("unauthorized side effects", str(unauthorized), "== 0", unauthorized == 0, unauthorized, 0),
-             ("safety denials", f"{safety_before} -> {safety}", "<= incumbent", safety <= safety_before, safety,
-              safety_before)]
+             ("safety denials", f"{before} -> {safety}", "<= incumbent", safety <= before, safety, before)]
     for name, cat in incumbent["categories"].items():
         new = candidate["categories"].get(name, {"success": 0.0})["success"]
         allowed = max(MAX_CATEGORY_DROP, 1 / cat["tasks"])
