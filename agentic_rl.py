@@ -14,9 +14,8 @@ with new observations (rs_sft and dpo run online too, on the same tasks, to be c
 pretrained language models (one word = one token) and learned reward models (the verifiers are rules).
 
 The file is a reader's path in three parts:
-    Part I   · the loop     01 contracts, 02 masks, 03 credit, 04 objectives, 05 policy and learner,
-                            07 evaluation and release gates, then train(): readable on its own (06,
-                            reading a paper's number, lives in the README as measured miniatures)
+    Part I   · the loop     01 contracts, 02 masks, 03 credit, 04 objectives, 05 policy and learner, 07 evaluation
+                            and release gates, then train(): readable on its own (06, paper cases, is in the README)
     Part II  · the system   checks, devices, torchrun and the async actor, the transformer,
                             checkpoints, run directories, resume, the report card, monitors
     Part III · the tools    examples, show, play, compare, bench, pictures (report.html), the CLI
