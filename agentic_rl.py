@@ -1197,8 +1197,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def init_distributed(cfg: Config):
-    """Under torchrun (WORLD_SIZE > 1): join the process group, gloo on CPU, nccl on CUDA. Returns
-    (rank, world_size, device). Plain `python agentic_rl.py` is a world of one and needs none of it."""
+    """(rank, world_size, device); under torchrun (WORLD_SIZE > 1) it joins the process group (gloo/nccl)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     device = resolve_device(cfg.device)
     if world == 1:
@@ -1445,9 +1444,8 @@ def load_policy_weights(policy, weights, what: str):
 
 
 def load_checkpoint(path, device):
-    """Refuses, with the reason, anything it cannot trust: a pickled payload (weights_only=True never
-    runs code), another format, an environment or vocabulary this version does not have, weights that
-    do not match the config or are not finite."""
+    """Refuses, with the reason, anything it cannot trust: a pickled payload, another format, an environment
+    or vocabulary this version does not have, weights that do not match the config or are not finite."""
     what = f"--ckpt {path}"
     ckpt = load_trusted(path, what, "no such file; train first (python agentic_rl.py train)")
     cfg = saved_config(ckpt, what)
@@ -1497,8 +1495,7 @@ RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candi
 
 def run_files(run: Path) -> dict:
     """The RUN_FILES that `run` holds -> their paths, with what an interrupted atomic_write left (NAME.*.tmp)."""
-    found = {name: [p for p in [run / name, *run.glob(f"{name}.*tmp")] if p.exists()] for name in RUN_FILES} \
-        if run.is_dir() else {}
+    found = {name: [p for p in [run / name, *run.glob(f"{name}.*tmp")] if p.exists()] for name in RUN_FILES}
     return {name: paths for name, paths in found.items() if paths}
 
 
@@ -1567,9 +1564,8 @@ def load_run_state(run_dir: str) -> tuple:
 
 # --- A run: what train() carries, starts and finishes -------------------------------------------
 class Run:
-    """What a training run carries besides the loop itself: its settings, rank, device and directory, the
-    policy, optimizer, store and gradient monitor, the metrics so far, the incumbent's report cards, the
-    policy version, a resumed state (or None), and the phase clocks."""
+    """What a training run carries besides the loop: settings, rank, device, directory, policy, optimizer, store,
+    gradient monitor, metrics so far, the incumbent's report cards, policy version, resumed state (or None), clocks."""
 
     def __init__(self, cfg: Config, progress: bool):
         """Validate, or take an interrupted run's own settings (--resume); join torchrun's ranks; seed; make
@@ -1808,9 +1804,8 @@ def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seco
 
 
 class GradMonitor:
-    """Pre-clip gradient norms, and the spike rule: an update whose norm is not finite (always), or more
-    than SPIKE_FACTOR times the median of the last 50 finite norms (once 10 are known), is skipped and
-    counted, not applied."""
+    """Pre-clip gradient norms and the spike rule: an update whose norm is not finite (always), or more than
+    SPIKE_FACTOR times the median of the last 50 finite norms (once 10 are known), is skipped and counted."""
     SPIKE_FACTOR = 10.0
 
     def __init__(self):
