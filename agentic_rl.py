@@ -1159,8 +1159,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def init_distributed(cfg: Config):
-    """Under torchrun (WORLD_SIZE > 1): join the process group, gloo on CPU, nccl on CUDA. Returns
-    (rank, world_size, device). Plain `python agentic_rl.py` is a world of one and needs none of it."""
+    """(rank, world_size, device); under torchrun (WORLD_SIZE > 1) it joins the process group (gloo/nccl)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     device = resolve_device(cfg.device)
     if world == 1:
@@ -1175,14 +1174,6 @@ def init_distributed(cfg: Config):
     return torch.distributed.get_rank(), world, device
 
 
-def weights_hash(policy) -> str:
-    """sha256 of every tensor's bytes, in state-dict order: equal only for identical weights."""
-    h = hashlib.sha256()
-    for name, t in policy.state_dict().items():
-        h.update(name.encode() + t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
     """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1 while
     the learner trains on batch it - 1 (a queue of one batch between them): staleness 1 from the second batch
@@ -1195,10 +1186,8 @@ def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
 
     def hand_over(item):
         while not clock["stop"]:
-            try:
+            with contextlib.suppress(queue.Full):
                 return out.put(item, timeout=0.1)
-            except queue.Full:
-                continue
 
     def work():
         try:
@@ -1278,9 +1267,7 @@ def sft_lr_at(step: int, steps: int, peak: float) -> float:
     return peak if frac < 0.6 else peak * 0.5 * (1 + math.cos(math.pi * (frac - 0.6) / 0.4))
 
 
-# ------------------------------------------------------------------------------------------------
-# The transformer: nanoGPT's decoder with rotary positions, a KV cache and a value head
-# ------------------------------------------------------------------------------------------------
+# --- The transformer: nanoGPT's decoder with rotary positions, a KV cache and a value head ------
 def rotary(positions, head_dim: int):
     """RoPE angles, computed once per forward: pair i of q/k turns by pos * 10000^(-i/half), so the score q.k
     depends on the distance between tokens. Copying "the word 6 tokens back" is then one fixed pattern wherever
@@ -1385,8 +1372,10 @@ def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
         "policy_version": policy_version, "model": policy.state_dict()}, f))
 
 
-def load_trusted(path, what: str) -> dict:
-    """torch.load with weights_only=True (never runs pickled code); any failure becomes a clear refusal."""
+def load_trusted(path, what: str, absent: str) -> dict:
+    """torch.load with weights_only=True (never runs pickled code); no file or any failure: a clear refusal."""
+    if not Path(path).is_file():
+        raise ValueError(f"{what}: {absent}")
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # an unpickling error, a truncated or empty file, ...: refuse, never execute
@@ -1417,13 +1406,10 @@ def load_policy_weights(policy, weights, what: str):
 
 
 def load_checkpoint(path, device):
-    """Refuses, with the reason, anything it cannot trust: a pickled payload (weights_only=True never
-    runs code), another format, an environment or vocabulary this version does not have, weights that
-    do not match the config or are not finite."""
+    """Refuses, with the reason, anything it cannot trust: a pickled payload, another format, an environment
+    or vocabulary this version does not have, weights that do not match the config or are not finite."""
     what = f"--ckpt {path}"
-    if not Path(path).is_file():
-        raise ValueError(f"{what}: no such file; train first (python agentic_rl.py train)")
-    ckpt = load_trusted(path, what)
+    ckpt = load_trusted(path, what, "no such file; train first (python agentic_rl.py train)")
     cfg = saved_config(ckpt, what)
     if ckpt.get("env_id") != cfg.env:
         raise ValueError(f"{what}: it names environment {ckpt.get('env_id')!r} but its config says {cfg.env!r}")
@@ -1471,8 +1457,7 @@ RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candi
 
 def run_files(run: Path) -> dict:
     """The RUN_FILES that `run` holds -> their paths, with what an interrupted atomic_write left (NAME.*.tmp)."""
-    found = {name: [p for p in [run / name, *run.glob(f"{name}.*tmp")] if p.exists()] for name in RUN_FILES} \
-        if run.is_dir() else {}
+    found = {name: [p for p in [run / name, *run.glob(f"{name}.*tmp")] if p.exists()] for name in RUN_FILES}
     return {name: paths for name, paths in found.items() if paths}
 
 
@@ -1480,11 +1465,9 @@ def prepare_run_dir(cfg: Config) -> Path:
     """A run directory holds one run. The default (run_dir "") is a new one each time, numbered like TensorBoard's
     versions (runs/flightbooking-grpo-s0, then ...-s0-2); an explicit run_dir that holds another run is refused
     unless --overwrite, which deletes that run's files first, so a directory never mixes two runs."""
-    if cfg.run_dir:
-        run = Path(cfg.run_dir)
-    else:
-        stem = f"runs/{cfg.env.split('/')[-1].split('-')[0].lower()}-{cfg.algo}-s{cfg.seed}"
-        run = next(r for r in (Path(stem + (f"-{n}" if n > 1 else "")) for n in range(1, 10**6)) if not run_files(r))
+    stem = f"runs/{cfg.env.split('/')[-1].split('-')[0].lower()}-{cfg.algo}-s{cfg.seed}"
+    numbered = (Path(stem + (f"-{n}" if n > 1 else "")) for n in range(1, 10**6))
+    run = Path(cfg.run_dir) if cfg.run_dir else next(r for r in numbered if not run_files(r))
     old = run_files(run)
     if old and not cfg.overwrite:
         raise ValueError(f"run_dir={cfg.run_dir}: holds another run ({', '.join(old)}); pass --overwrite to "
@@ -1499,10 +1482,16 @@ def prepare_run_dir(cfg: Config) -> Path:
     return run
 
 
-def rng_state() -> dict:
-    np_state = np.random.get_state()
-    return {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-            "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+def save_run_state(run: "Run"):
+    """state.pt after every iteration: all a resumed run needs to continue exactly (weights_only-safe)."""
+    np_state = np.random.get_state()  # its key array as a list (set_rng_state turns it back)
+    rng = {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+           "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    atomic_write(run.dir / "state.pt", lambda f: torch.save({
+        "format": CHECKPOINT_FORMAT, "config": asdict(run.cfg), "model": run.policy.state_dict(),
+        "optimizer": run.optimizer.state_dict(), "history": run.history, "incumbent": run.incumbent, "warm": run.warm,
+        "version": run.version, "grad_norms": list(run.grads.norms), "skipped_updates": run.grads.skipped,
+        "seen_ids": sorted(run.store.seen_ids), "rng": rng}, f))
 
 
 def set_rng_state(state: dict):
@@ -1513,15 +1502,6 @@ def set_rng_state(state: dict):
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_run_state(run: "Run"):
-    """state.pt after every iteration: all a resumed run needs to continue exactly (weights_only-safe)."""
-    atomic_write(run.dir / "state.pt", lambda f: torch.save({
-        "format": CHECKPOINT_FORMAT, "config": asdict(run.cfg), "model": run.policy.state_dict(),
-        "optimizer": run.optimizer.state_dict(), "history": run.history, "incumbent": run.incumbent, "warm": run.warm,
-        "version": run.version, "grad_norms": list(run.grads.norms), "skipped_updates": run.grads.skipped,
-        "seen_ids": sorted(run.store.seen_ids), "rng": rng_state()}, f))
-
-
 STATE_KEYS = ("config", "model", "optimizer", "history", "incumbent", "warm", "version", "grad_norms",
               "skipped_updates", "seen_ids", "rng")
 
@@ -1529,9 +1509,7 @@ STATE_KEYS = ("config", "model", "optimizer", "history", "incumbent", "warm", "v
 def load_run_state(run_dir: str) -> tuple:
     """(state, its Config) of an interrupted run, or a clear refusal."""
     path, what = Path(run_dir) / "state.pt", f"--resume {run_dir}"
-    if not path.is_file():
-        raise ValueError(f"{what}: no state.pt there; only a run started by this version can resume")
-    state = load_trusted(path, what)
+    state = load_trusted(path, what, "no state.pt there; only a run started by this version can resume")
     missing = [k for k in STATE_KEYS if k not in state]
     if missing:
         raise ValueError(f"{what}: state.pt lacks {missing}; it cannot be resumed")
@@ -1548,9 +1526,8 @@ def load_run_state(run_dir: str) -> tuple:
 
 # --- A run: what train() carries, starts and finishes -------------------------------------------
 class Run:
-    """What a training run carries besides the loop itself: its settings, rank, device and directory, the
-    policy, optimizer, store and gradient monitor, the metrics so far, the incumbent's report cards, the
-    policy version, a resumed state (or None), and the phase clocks."""
+    """What a training run carries besides the loop: settings, rank, device, directory, policy, optimizer, store,
+    gradient monitor, metrics so far, the incumbent's report cards, policy version, resumed state (or None), clocks."""
 
     def __init__(self, cfg: Config, progress: bool):
         """Validate, or take an interrupted run's own settings (--resume); join torchrun's ranks; seed; make
@@ -1565,6 +1542,7 @@ class Run:
             state, saved = load_run_state(cfg.resume)
             cfg = replace(saved, resume=cfg.resume, run_dir=cfg.resume)
         self.rank, self.world, self.device = init_distributed(cfg)
+        self.lead = self.rank == 0  # rank 0 alone prints and writes the run's files
         seed_everything(cfg.seed)
         self.dir = prepare_run_dir(cfg) if self.lead and not state else Path(cfg.run_dir)
         self.cfg = cfg = replace(cfg, run_dir=str(self.dir)) if self.lead else cfg
@@ -1588,10 +1566,6 @@ class Run:
             self.grads.norms.extend(state["grad_norms"])
             self.grads.skipped, self.store.seen_ids = state["skipped_updates"], set(state["seen_ids"])
             self.say(f"resumed {cfg.run_dir} after iteration {len(self.history) - 1} (policy_version {self.version})")
-
-    @property
-    def lead(self) -> bool:
-        return self.rank == 0
 
     def say(self, *args):
         if self.lead:
@@ -1643,9 +1617,12 @@ class Run:
             self.seconds["rl_wall"] = time.time() - t_rl - self.seconds["dev_checks"]  # async phases overlap
             if actor is not None:
                 actor.close()                                                          # stops and joins the actor
-        if self.world > 1:
+        if self.world > 1:  # sha256 of every tensor's bytes, in state-dict order: equal only for identical weights
+            digest = hashlib.sha256()
+            for name, t in self.policy.state_dict().items():
+                digest.update(name.encode() + t.detach().cpu().contiguous().numpy().tobytes())
             self.hashes = [None] * self.world
-            torch.distributed.all_gather_object(self.hashes, weights_hash(self.policy))
+            torch.distributed.all_gather_object(self.hashes, digest.hexdigest())
             torch.distributed.destroy_process_group()
             if len(set(self.hashes)) > 1:
                 raise RuntimeError(f"the {self.world} replicas ended with different weights ({self.hashes}): "
@@ -1686,7 +1663,10 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     cfg, history, incumbent = run.cfg, run.history, run.incumbent
     save_checkpoint(run.dir / "final.pt", run.policy, run.tok, cfg, run.version if promoted else 0)
     cards = {"incumbent": incumbent, "candidate": candidate}
-    print("\n" + format_report_card({f"{who} {part}": cards[who][part] for part in ("dev", "test") for who in cards}))
+    columns = {f"{who} {part}": cards[who][part] for part in ("dev", "test") for who in cards}
+    print("\n" + f"{'report card':<36}" + "".join(f"{name:>22}" for name in columns))
+    for group, _, label, values in report_card_rows(columns):  # one row per report-card line
+        print(f"{group:<11}{label:<25}" + "".join(f"{v:>22}" for v in values))
     print("\nrelease gates (decided on dev; test is reported only):")
     for g in gates:
         print(f"  {'pass' if g['passed'] else 'FAIL'}  {g['gate']:<34} {str(g['value']):<34} rule {g['rule']}")
@@ -1786,9 +1766,8 @@ def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seco
 
 
 class GradMonitor:
-    """Pre-clip gradient norms, and the spike rule: an update whose norm is not finite (always), or more
-    than SPIKE_FACTOR times the median of the last 50 finite norms (once 10 are known), is skipped and
-    counted, not applied."""
+    """Pre-clip gradient norms and the spike rule: an update whose norm is not finite (always), or more than
+    SPIKE_FACTOR times the median of the last 50 finite norms (once 10 are known), is skipped and counted."""
     SPIKE_FACTOR = 10.0
 
     def __init__(self):
@@ -1845,13 +1824,6 @@ def report_card_rows(columns: dict) -> list:
         v = report.get(key, report["efficiency"].get(key, report["categories"].get(key, {}).get("success")))
         return f"{v:.3f}" if isinstance(v, float) else str(v)
     return [(group, key, labels.get(key, key), [value(r, key) for r in columns.values()]) for group, key in rows]
-
-
-def format_report_card(columns: dict) -> str:
-    """One column per (policy, part), one row per report-card line."""
-    return "\n".join([f"{'report card':<36}" + "".join(f"{name:>22}" for name in columns)] +
-                     [f"{group:<11}{label:<25}" + "".join(f"{v:>22}" for v in values)
-                      for group, _, label, values in report_card_rows(columns)])
 
 
 # ################################################################################################
