@@ -1944,7 +1944,7 @@ def print_examples(html_path: str | None = None):
     for b, turns in enumerate(ex["step_credit"]):
         print(f"     episode {b}: " + " | ".join(f"{a} {g:+.2f} -> {s:+.2f}" for a, g, s in turns))
     if html_path is not None:
-        print(f"wrote {write_page(html_path, examples_page(ex), '--html')}")
+        print(f"wrote {write_examples(html_path, ex)}")
     return ex
 
 
@@ -2074,7 +2074,7 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
     for route, r in per_route.items():  # the rest of each route's figures: compare.json and compare.html
         print(f"  {route:<11} mean {r['test_success_mean']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}), "
               f"pass^{cfg.pass_k} {r['pass^k_mean']:.3f}, {r['wall_seconds_mean']:.1f} s")
-    print(f"wrote {Path(out) / 'compare.json'} and {write_page(Path(out) / 'compare.html', compare_page(result), '--out')}")
+    print(f"wrote {Path(out) / 'compare.json'} and {write_compare(Path(out) / 'compare.html', result)}")
     return result
 
 
@@ -2159,24 +2159,23 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
 
 
 # --- Pictures: report.html (every run), compare.html, examples --html -----------------------------
-# One self-contained page each: inline SVG and CSS, no script, nothing fetched; every drawn number also sits
-# in a data- attribute, so a test can read it back and compare it with metrics.jsonl, summary.json, compare.json.
-CSS = """body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;background:#f6f7f9;color:#1d2430;
-max-width:1260px;margin:0 auto;padding:20px 28px}h1{font-size:23px;margin:4px 0}h2{font-size:18px;margin:26px 0 6px}
-.sub{color:#556070}.grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;background:#fff;border:1px solid #e1e4e8;
-border-radius:8px;padding:6px 8px}figcaption{font-size:13.5px;font-weight:600}svg text{font:11px system-ui,Arial,sans-serif;
-fill:#4a5360}.nw{white-space:nowrap}.key{display:inline-block;width:14px;height:4px;margin:0 4px 2px 10px;vertical-align:middle}
-table{border-collapse:collapse;background:#fff;font-size:13.5px}td,th{padding:3px 10px;border-bottom:1px solid #eceef1;
-text-align:right}th{background:#eef1f4}td:first-child,th:first-child,tr[data-row] td:nth-child(2){text-align:left}.pass{color:#1a7f37;font-weight:700}
-.fail{color:#c62828;font-weight:700}.episode{background:#fff;border:1px solid #e1e4e8;border-radius:8px;padding:8px 12px;
+# One self-contained page each (inline SVG and CSS, no script, nothing fetched); every drawn number also sits in
+# a data- attribute, so a test can read it back against metrics.jsonl, summary.json, compare.json.
+CSS = """body{font:15px/1.5 system-ui,sans-serif;background:#f6f7f9;color:#1d2430;max-width:1260px;margin:0 auto;
+padding:20px 28px}h1{font-size:23px;margin:4px 0}h2{font-size:18px;margin:26px 0 6px}.sub,.note{color:#556070}.grid{
+display:flex;flex-wrap:wrap;gap:12px}figure,.episode,.cell{background:#fff;border:1px solid #e1e4e8;border-radius:8px}
+figure{margin:0;padding:6px 8px}figcaption{font-size:13.5px;font-weight:600}svg text{font-size:11px;fill:#4a5360}.nw{
+white-space:nowrap}.key,.scale{display:inline-block;vertical-align:middle}.key{width:14px;height:4px;margin:0 4px 2px
+10px}table{border-collapse:collapse;background:#fff;font-size:13.5px}td,th{padding:3px 10px;border-bottom:1px solid
+#eceef1;text-align:right}th{background:#eef1f4}td:first-child,th:first-child,tr[data-row] td:nth-child(2){
+text-align:left}.pass,.fail{font-weight:700}.pass{color:#1a7f37}.fail{color:#c62828}.episode{padding:8px 12px;
 margin:10px 0}.turn{display:flex;flex-wrap:wrap;align-items:center;gap:3px;padding:4px 0;border-top:1px dashed #e3e6ea}
-.tok{font:12.5px ui-monospace,Menlo,Consolas,monospace;padding:1px 4px;border-radius:3px}.ctx{color:#5f6b7a;background:#eef0f3}
-.act{color:#111;font-weight:700;border:1.5px solid #2b2f36}.act small{font-weight:400;color:#333;margin-left:3px;font-size:10px}
-.k{width:26px;color:#8a94a3;font-size:12px}.note{font-size:12.5px;color:#556070;margin-left:8px}
-.deny{background:#fde2e1;color:#a11a1a;font-size:12px;padding:1px 6px;border-radius:3px}
-.scale{display:inline-block;width:160px;height:12px;vertical-align:middle;border:1px solid #bbb;margin:0 6px;
-background:linear-gradient(90deg,rgb(66,146,198),#fff,rgb(244,109,67))}
-.cell{display:inline-block;min-width:170px;margin:3px;padding:4px 8px;background:#fff;border:1px solid #e1e4e8;border-radius:6px}"""
+.tok{font:12.5px ui-monospace,Menlo,Consolas,monospace;padding:1px 4px;border-radius:3px}.ctx{color:#5f6b7a;
+background:#eef0f3}.act{color:#111;font-weight:700;border:1.5px solid #2b2f36}.act small{font-weight:400;color:#333;
+margin-left:3px;font-size:10px}.k{width:26px;color:#8a94a3;font-size:12px}.note{font-size:12.5px;margin-left:8px}.deny{
+background:#fde2e1;color:#a11a1a;font-size:12px;padding:1px 6px;border-radius:3px}.scale{width:160px;height:12px;
+border:1px solid #bbb;margin:0 6px;background:linear-gradient(90deg,rgb(66,146,198),#fff,rgb(244,109,67))}.cell{
+display:inline-block;min-width:170px;margin:3px;padding:4px 8px;border-radius:6px}"""
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf")
 
 
@@ -2184,22 +2183,18 @@ def esc(x) -> str:
     return html.escape(str(x), quote=True)
 
 
-def page(title: str, *sections) -> str:
-    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title><style>{CSS}"
-            f"</style></head><body><h1>{esc(title)}</h1>{''.join(sections)}</body></html>\n")
-
-
-def write_page(path, text: str, flag: str) -> Path:
+def write_page(path, flag: str, title: str, *sections) -> Path:
+    """One page: the title as its heading, then the sections; `flag` names the path in an error."""
     writable_dir(Path(path).parent, flag)
+    text = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title><style>{CSS}"
+            f"</style></head><body><h1>{esc(title)}</h1>{''.join(sections)}</body></html>\n")
     atomic_write(path, lambda f: f.write(text.encode()))
     return Path(path)
 
 
 def adv_colour(a, scale: float) -> str:
-    """Blue for a negative advantage, white for zero, orange-red for a positive one (|a| / scale = depth)."""
-    if a is None:
-        return "#fff"
-    t = max(-1.0, min(1.0, a / scale))
+    """Blue for a negative advantage, white for zero (or None), orange-red for a positive one (|a| / scale = depth)."""
+    t = max(-1.0, min(1.0, (a or 0.0) / scale))
     end = (244, 109, 67) if t > 0 else (66, 146, 198)
     return "rgb(" + ",".join(str(round(255 + abs(t) * (c - 255))) for c in end) + ")"
 
@@ -2220,17 +2215,16 @@ def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "i
     X = lambda x: round(L + (x - x0) / (x1 - x0) * (W - L - R), 1)
     Y = lambda y: round(T + (hi - y) / (hi - lo) * (H - T - B), 1)
     out = [f"<rect x='{L}' y='{T}' width='{W - L - R}' height='{H - T - B}' fill='#fbfcfd' stroke='#cfd4da'/>"]
-    for v in (lo, (lo + hi) / 2, hi):
-        out.append(f"<line x1='{L}' x2='{W - R}' y1='{Y(v)}' y2='{Y(v)}' stroke='#e6e9ed'/>"
-                   f"<text x='{L - 4}' y='{Y(v) + 4}' text-anchor='end'>{v:.3g}</text>")
-    for x in sorted({x0, (x0 + x1) // 2, x1}):
-        out.append(f"<text x='{X(x)}' y='{H - B + 14}' text-anchor='middle'>{x}</text>")
+    out += [f"<line x1='{L}' x2='{W - R}' y1='{Y(v)}' y2='{Y(v)}' stroke='#e6e9ed'/>"
+            f"<text x='{L - 4}' y='{Y(v) + 4}' text-anchor='end'>{v:.3g}</text>" for v in (lo, (lo + hi) / 2, hi)]
+    out += [f"<text x='{X(x)}' y='{H - B + 14}' text-anchor='middle'>{x}</text>"
+            for x in sorted({x0, (x0 + x1) // 2, x1})]
     out.append(f"<text x='{(L + W - R) / 2}' y='{H - 4}' text-anchor='middle'>{esc(x_label)}</text>"
                f"<text x='4' y='12'>{esc(y_label)}</text>")
-    keys = []
+    keys = ""  # the legend, unless the only line is named as its axis
     for i, (name, key, ps) in enumerate(series):
         c = PALETTE[i % len(PALETTE)]
-        keys.append(f"<span class='nw'><span class='key' style='background:{c}'></span>{esc(name)}</span>")
+        keys += f"<span class='nw'><span class='key' style='background:{c}'></span>{esc(name)}</span>"
         band = [p for p in ps if p[2] is not None]
         if band:
             edge = [f"{X(p[0])},{Y(p[3])}" for p in band] + [f"{X(p[0])},{Y(p[2])}" for p in reversed(band)]
@@ -2243,75 +2237,70 @@ def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "i
             out.append(f"<circle cx='{X(x)}' cy='{Y(y)}' r='2.6' fill='{c}' data-x='{x}' data-y='{y!r}'{spread}>"
                        f"<title>{esc(tip)}</title></circle>")
         out.append("</g>")
-    return (f"<figure style='width:{W}px'><figcaption>{esc(title)}{''.join(keys) if len(series) > 1 or series[0][0] != y_label else ''}</figcaption>"
+    keys = keys if len(series) > 1 or series[0][0] != y_label else ""
+    return (f"<figure style='width:{W}px'><figcaption>{esc(title)}{keys}</figcaption>"
             f"<svg width='{W}' height='{H}' viewBox='0 0 {W} {H}' role='img'>{''.join(out)}</svg></figure>")
-
-
-REPORT_CURVES = (("clip_frac", "PPO clip fraction"), ("approx_kl", "approx KL to the sampling policy"),
-                 ("entropy", "entropy of the policy's tokens"), ("zero_std_groups", "groups with no signal (all-equal rewards)"),
-                 ("explained_variance", "critic: explained variance"), ("kl_ref", "k3 KL to the warm start"),
-                 ("kept", "rs_sft: verified episodes kept"), ("dpo_loss", "dpo loss"))
 
 
 def curves_html(history: list) -> str:
     """The monitors of metrics.jsonl, one chart each (those the route measured), success and cuts first."""
-    series = lambda key, rows=history: [(m["iteration"], m[key], None, None) for m in rows if m.get(key) is not None]
+    series = lambda key: [(m["iteration"], m[key], None, None) for m in history if m.get(key) is not None]
     cuts = [c for c in CUTS if any(c in m["truncated_by"] for m in history)]
     charts = [line_chart("success per iteration", "success", [("training (sampled)", "success", series("success")),
                          ("dev (greedy)", "dev_success", series("dev_success"))], (0.0, 1.0))]
     charts.append(line_chart("episodes truncated, by cut", "episodes", [(c, f"truncated_by.{c}", [
         (m["iteration"], m["truncated_by"].get(c, 0), None, None) for m in history]) for c in cuts] or
         [("no cut", "truncated_by", [(m["iteration"], 0, None, None) for m in history])]))
-    charts += [line_chart(title, key, [(key, key, series(key))]) for key, title in REPORT_CURVES]
+    charts += [line_chart(title, key, [(key, key, series(key))]) for key, title in (
+        ("clip_frac", "PPO clip fraction"), ("approx_kl", "approx KL to the sampling policy"),
+        ("entropy", "entropy of the policy's tokens"), ("zero_std_groups", "groups with no signal (all-equal rewards)"),
+        ("explained_variance", "critic: explained variance"), ("kl_ref", "k3 KL to the warm start"),
+        ("kept", "rs_sft: verified episodes kept"), ("dpo_loss", "dpo loss"))]
     return f"<h2>Learning curves</h2><div class='grid'>{''.join(charts)}</div>"
 
 
-def table(header, rows, attrs=None) -> str:
-    attrs = attrs or [""] * len(rows)
+def table(header, rows, attrs) -> str:
     return ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>" + "".join(
         f"<tr{a}>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row, a in zip(rows, attrs)) + "</table>")
 
 
 def gates_html(summary: dict) -> str:
     """The report card (the terminal's own rows) and every release gate: observed value, limit, verdict."""
-    r = summary["reports"]
+    r, gates = summary["reports"], summary["release_gates"]
     cols = {f"{who} {part}": r[who][part] for part in ("dev", "test") for who in ("incumbent", "candidate")}
     rows = report_card_rows(cols)
-    cells = [[esc(g), esc(label)] + [esc(v) for v in vals] for g, _, label, vals in rows]
-    card = table(["report card", ""] + list(cols), cells, [f" data-row='{esc(k)}'" for _, k, _, _ in rows])
+    card = table(["report card", ""] + list(cols), [[esc(x) for x in (g, label, *vals)] for g, _, label, vals in rows],
+                 [f" data-row='{esc(k)}'" for _, k, _, _ in rows])
     num = lambda x: "&ndash;" if x is None else esc(f"{x:.4g}" if isinstance(x, float) else x)
-    gates = table(["release gate", "value", "rule", "observed", "limit", "verdict"],
-                  [[esc(g["gate"]), esc(g["value"]), esc(g["rule"]), num(g["observed"]), num(g["limit"]),
-                    f"<span class='{'pass' if g['passed'] else 'fail'}'>{'pass' if g['passed'] else 'FAIL'}</span>"]
-                   for g in summary["release_gates"]],
-                  [f" data-gate='{esc(g['gate'])}'" for g in summary["release_gates"]])
+    checks = table(["release gate", "value", "rule", "observed", "limit", "verdict"],
+                   [[esc(g["gate"]), esc(g["value"]), esc(g["rule"]), num(g["observed"]), num(g["limit"]),
+                     "<span class='pass'>pass</span>" if g["passed"] else "<span class='fail'>FAIL</span>"]
+                    for g in gates], [f" data-gate='{esc(g['gate'])}'" for g in gates])
     verdict = "PROMOTED" if summary["promoted"] else "REJECTED, rolled back to the incumbent"
-    return (f"<h2>Report card and release gates</h2><div class='grid'>{card}{gates}</div>"
+    return (f"<h2>Report card and release gates</h2><div class='grid'>{card}{checks}</div>"
             f"<p><b>promotion: {verdict}</b> <span class='sub'>({esc(summary['promotion_reason'])})</span></p>")
-
-
-def token(word: str, tid: int, cls: str, tip: str = "", extra: str = "", after: str = "") -> str:
-    return f"<span class='tok {cls}' data-id='{tid}' title='{esc(tip or word)}'{extra}>{esc(word)}{after}</span>"
 
 
 def episode_html(ep: Episode, tok: Tokenizer, adv, scale: float, max_turns: int, caption: str) -> str:
     """One episode token by token, a line per turn: context (observation, gate message) in grey, the policy's
     own tokens boxed, on the colour of the turn's advantage; old log-prob and turns left in the tooltip."""
+    def span(i: int, cls: str = "ctx", tip: str = "", attrs: str = "", after: str = "") -> str:
+        word = esc(tok.itos[i])
+        return f"<span class='tok {cls}' data-id='{i}' title='{esc(tip) or word}'{attrs}>{word}{after}</span>"
     lines = []
     for k, t in enumerate(ep.turns):
         a = None if adv is None else float(adv[k])
-        acts = "".join(token(tok.itos[i], i, "act", f"policy token {tok.itos[i]} | old log-prob {lp:.4f} | turn {k}, "
-                             f"{max_turns - k} turns left | advantage {'-' if a is None else f'{a:+.3f}'}",
-                             f" style='background:{adv_colour(a, scale)}' data-logp='{lp!r}' data-adv='{a!r}'",
-                             f"<small>{lp:.2f}</small>")
+        acts = "".join(span(i, "act", f"policy token {tok.itos[i]} | old log-prob {lp:.4f} | turn {k}, {max_turns - k}"
+                            f" turns left | advantage {'-' if a is None else f'{a:+.3f}'}", f" style='background:"
+                            f"{adv_colour(a, scale)}' data-logp='{lp!r}' data-adv='{a!r}'", f"<small>{lp:.2f}</small>")
                        for i, lp in zip(t.action_tokens, t.action_logprobs))
         gate = "" if t.gate_allowed else f"<span class='deny'>gate denied: {esc(t.gate_reason)}</span>"
-        lines.append(f"<div class='turn'><span class='k'>t{k}</span>" + "".join(token(tok.itos[i], i, "ctx")
-                     for i in t.obs_tokens) + acts + gate + f"<span class='note'>{max_turns - k} left, reward "
-                     f"{t.reward:g}" + ("" if a is None else f", advantage {a:+.2f}") + "</span></div>")
+        lines.append(f"<div class='turn'><span class='k'>t{k}</span>{''.join(map(span, t.obs_tokens))}{acts}{gate}"
+                     f"<span class='note'>{max_turns - k} left, reward {t.reward:g}"
+                     + ("" if a is None else f", advantage {a:+.2f}") + "</span></div>")
     end = "terminated" if ep.terminated else f"truncated by {ep.truncated_by}"
-    lines.append("<div class='turn'><span class='k'>end</span>" + "".join(token(tok.itos[i], i, "ctx")
-                 for i in ep.final_obs_tokens) + f"<span class='note'><b>{end}</b>, return {ep.reward:g}</span></div>")
+    lines.append(f"<div class='turn'><span class='k'>end</span>{''.join(map(span, ep.final_obs_tokens))}"
+                 f"<span class='note'><b>{end}</b>, return {ep.reward:g}</span></div>")
     return f"<div class='episode' data-ending='{esc(end)}'><b>{esc(caption)}</b>{''.join(lines)}</div>"
 
 
@@ -2342,35 +2331,32 @@ def write_report(path, policy, tok, cfg: Config, version: int, history=None, sum
     if summary:
         head += (f"<p>deployed: <b>{summary['deployed']['is']}</b>, test success <b>{summary['deployed']['test_success']:.3f}</b>"
                  f" (warm start {summary['warm_start']['test_success']:.3f}), {summary['wall_seconds']} s</p>")
-    return write_page(path, page(f"agentic-rl report: {cfg.env} {cfg.algo} seed {cfg.seed}", head,
-                                 curves_html(history) if history else "", gates_html(summary) if summary else "",
-                                 episodes_html(policy, tok, cfg, version)), "--html")
+    return write_page(path, "--html", f"agentic-rl report: {cfg.env} {cfg.algo} seed {cfg.seed}", head,
+                      curves_html(history) if history else "", gates_html(summary) if summary else "",
+                      episodes_html(policy, tok, cfg, version))
 
 
-def compare_page(result: dict) -> str:
-    """compare.html: training success per iteration, the mean over seeds with their min-max band, per route,
-    and the held-out test table."""
+def write_compare(path, result: dict) -> Path:
+    """compare.html: each route's training success per iteration (mean over seeds, min-max band); the test table."""
     curves = [(route, route, [(x, float(np.mean(col)), float(np.min(col)), float(np.max(col)))
                               for x, col in enumerate(zip(*r["curves"]))]) for route, r in result["routes"].items()
               if route != "warm start"]
     chart = line_chart(f"training success per iteration, mean and spread over seeds {result['seeds']}", "success",
                        curves, (0.0, 1.0), W=640)
-    k = f"pass^{result['config']['pass_k']}"
     rows = [[esc(route), f"{r['test_success_mean']:.3f}", f"{r['min']:.3f}", f"{r['max']:.3f}", f"{r['pass^k_mean']:.3f}",
              " ".join(f"{s['success']:.3f}" for s in r["per_seed"]),
              " ".join("-" if s["first_at_0.9"] is None else str(s["first_at_0.9"]) for s in r["per_seed"]),
              f"{r['wall_seconds_mean']:.1f}"] for route, r in result["routes"].items()]
-    return page(f"agentic-rl compare: {result['env']}",
-                f"<p class='sub'>every route: {result['iterations']} iterations x {result['episodes_per_iteration']} "
-                f"episodes from the same warm start per seed; test: {result['eval_episodes']} held-out tasks</p>",
-                f"<div class='grid'>{chart}</div><h2>Held-out test success</h2>",
-                table(["route", "mean", "min", "max", k + " mean", "per seed", "first >= 0.9 at", "wall s"], rows,
-                      [f" data-route='{esc(route)}'" for route in result["routes"]]))
+    test = table(["route", "mean", "min", "max", f"pass^{result['config']['pass_k']} mean", "per seed",
+                  "first >= 0.9 at", "wall s"], rows, [f" data-route='{esc(route)}'" for route in result["routes"]])
+    head = (f"<p class='sub'>every route: {result['iterations']} iterations x {result['episodes_per_iteration']} "
+            f"episodes from the same warm start per seed; test: {result['eval_episodes']} held-out tasks</p>")
+    return write_page(path, "--out", f"agentic-rl compare: {result['env']}", head,
+                      f"<div class='grid'>{chart}</div><h2>Held-out test success</h2>", test)
 
 
-def examples_page(ex: dict) -> str:
-    """The chapter's worked examples: the mask of the 180-token episode, and the worked flight group with
-    grpo's and stepgroup's advantage of every turn side by side."""
+def write_examples(path, ex: dict) -> Path:
+    """examples.html: the 180-token episode's mask; the worked flight group, grpo's and stepgroup's advantage per turn."""
     cells = "".join(f"<rect x='{(i % 45) * 13}' y='{(i // 45) * 16}' width='11' height='13' rx='2' data-mask='{m}' "
                     f"fill='{'#f46d43' if m else '#dfe3e8'}'/>" for i, m in enumerate(ex["mask"]))
     scale = max(abs(x) for ep in ex["step_credit"] for _, g, s in ep for x in (g, s))
@@ -2379,15 +2365,15 @@ def examples_page(ex: dict) -> str:
     group = "".join(f"<div class='episode'><b>episode {b}</b><br>" + "".join(
         f"<span class='cell'>t{k} <code>{esc(act)}</code><br>{chip('grpo', g)} {chip('stepgroup', s)}</span>"
         for k, (act, g, s) in enumerate(ep)) + "</div>" for b, ep in enumerate(ex["step_credit"]))
-    return page("agentic-rl: the chapter's worked examples",
-                f"<h2>02 mask: {ex['mask_sum']} of {ex['mask_tokens']} tokens are the policy's</h2><p class='sub'>"
-                f"<span class='tok act' style='background:#f46d43'>policy</span> action tokens (in the loss) &nbsp; "
-                f"<span class='tok ctx'>context</span> task and tool observations; a row per turn</p>",
-                f"<svg width='{45 * 13}' height='{16 * math.ceil(len(ex['mask']) / 45)}'>{cells}</svg>",
-                f"<h2>03 credit on one flight group (F4 sold out)</h2><p class='sub'>returns, reward 1 at turn 4, gamma "
-                f"0.9: {ex['returns']}; GRPO on rewards [1, 0, 0, 1]: {ex['grpo_advantages']}. Below, per turn: grpo "
-                f"gives every turn its episode's number; stepgroup adds the comparison of turns taken in the same state. "
-                f"{-scale:+.2f}<span class='scale'></span>{scale:+.2f}</p>", group)
+    mask = (f"<h2>02 mask: {ex['mask_sum']} of {ex['mask_tokens']} tokens are the policy's</h2><p class='sub'>"
+            f"<span class='tok act' style='background:#f46d43'>policy</span> action tokens (in the loss) &nbsp; "
+            f"<span class='tok ctx'>context</span> task and tool observations; a row per turn</p>"
+            f"<svg width='{45 * 13}' height='{16 * math.ceil(len(ex['mask']) / 45)}'>{cells}</svg>")
+    credit = (f"<h2>03 credit on one flight group (F4 sold out)</h2><p class='sub'>returns, reward 1 at turn 4, gamma "
+              f"0.9: {ex['returns']}; GRPO on rewards [1, 0, 0, 1]: {ex['grpo_advantages']}. Below, per turn: grpo "
+              f"gives every turn its episode's number; stepgroup adds the comparison of turns taken in the same state. "
+              f"{-scale:+.2f}<span class='scale'></span>{scale:+.2f}</p>")
+    return write_page(path, "--html", "agentic-rl: the chapter's worked examples", mask, credit, group)
 
 
 # --- The command line ---------------------------------------------------------------------------
