@@ -2131,8 +2131,7 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
                        "tokens_per_step": int(tokens.numel()), "ms_per_step": round(1000 * t_learn, 2)}
     t_learn = views["concat"]["ms_per_step"] / 1000
     unit = GPT(146, 64, n_layer=2, n_head=4, n_embd=72).to(dev)  # the sizes the peer figures were measured at
-    unit_opt = torch.optim.AdamW(unit.parameters(), lr=1e-4)
-    unit_tokens = torch.randint(0, 146, (64, 46), device=dev)
+    unit_opt, unit_tokens = torch.optim.AdamW(unit.parameters(), lr=1e-4), torch.randint(0, 146, (64, 46), device=dev)
     _, t_unit = timed(lambda: learner_step(unit, unit_opt, unit_tokens), reps)
     report = {"device": str(dev), "threads": torch.get_num_threads(), "quick": quick,
               "rollout": {"batch": B, "prompt_tokens": P, "generated_tokens": N,
@@ -2154,8 +2153,8 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
 
 
 # --- Pictures: report.html (every run), compare.html, examples --html -----------------------------
-# One self-contained page each (inline SVG and CSS, no script, nothing fetched); every drawn number also sits in
-# a data- attribute, so a test can read it back against metrics.jsonl, summary.json, compare.json.
+# One self-contained page each: inline SVG and CSS, no script, nothing fetched; every drawn number also sits
+# in a data- attribute, so a test can read it back and compare it with metrics.jsonl, summary.json, compare.json.
 CSS = """body{font:15px/1.5 system-ui,sans-serif;background:#f6f7f9;color:#1d2430;max-width:1260px;margin:0 auto;
 padding:20px 28px}h1{font-size:23px;margin:4px 0}h2{font-size:18px;margin:26px 0 6px}.sub,.note{color:#556070}.grid{
 display:flex;flex-wrap:wrap;gap:12px}figure,.episode,.cell{background:#fff;border:1px solid #e1e4e8;border-radius:8px}
@@ -2410,9 +2409,6 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COURSE_COMMANDS:
         return course_command(argv)
-    commands = ("demo", "examples", "train", "eval", "show", "play", "compare", "bench") + tuple(COURSE_COMMANDS)
-    if not argv or argv[0] not in commands + ("-h", "--help"):
-        argv = ["demo"] + argv
     parser = argparse.ArgumentParser(description="Agentic RL in one file: see the module docstring.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser = functools.partial(sub.add_parser, allow_abbrev=False)  # --seed never silently means --seeds
@@ -2449,9 +2445,11 @@ def main(argv=None):
     add_config_flags(p_bench, only=("device",))
     for name in COURSE_COMMANDS:
         sub.add_parser(name, help="the course's machinery (test_agentic_rl.py): " + COURSE_COMMANDS[name])
+    if not argv or argv[0] not in [*sub.choices, "-h", "--help"]:  # no command: the demo
+        argv = ["demo"] + argv
     args, rest = parser.parse_known_args(argv)
     if rest:
-        parser.error(f"put the command first: agentic_rl.py {rest[0]} ..." if rest[0] in commands else
+        parser.error(f"put the command first: agentic_rl.py {rest[0]} ..." if rest[0] in sub.choices else
                      f"unrecognized arguments: {' '.join(rest)}")
     try:  # bad flags and bad files are usage errors (exit 2) ...
         if args.command == "eval":
