@@ -1962,10 +1962,9 @@ def held_out_groups(policy, tok, cfg: Config, version: int, part: str, n_groups:
 
 def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", part: str = "test", credit: str = "",
          html_path: str | None = None):
-    """Audit episodes before promotion: training-style groups on held-out tasks with the advantages the
-    learner would use (or --credit's), printed turn by turn: [bracketed] tokens are the policy's own
-    (action_mask 1), the rest context; the gate's decision, reward, advantage and the evaluator's verdict.
-    html_path: also draw the checkpoint's report.html there."""
+    """Audit episodes before promotion: training-style groups on held-out tasks with the advantages the learner
+    would use (or --credit's), printed turn by turn: [bracketed] tokens are the policy's own (action_mask 1), the
+    rest context; the gate's decision, reward, advantage, verdict. html_path: also draw the checkpoint's report.html."""
     if n < 1:
         raise ValueError(f"--n {n}: must be >= 1")
     if html_path:
@@ -2116,8 +2115,7 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
 
     def learner_step(model, opt, tokens):
         logp, _ = token_logprobs(model(tokens)[0], tokens)
-        mask = torch.ones_like(logp)
-        loss, _ = ppo_clip_loss(logp, logp.detach() - 0.01, torch.randn_like(logp), mask)
+        loss, _ = ppo_clip_loss(logp, logp.detach() - 0.01, torch.randn_like(logp), torch.ones_like(logp))
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
