@@ -2348,7 +2348,7 @@ def write_compare(path, result: dict) -> Path:
 
 
 def write_examples(path, ex: dict) -> Path:
-    """examples.html: the 180-token episode's mask; the worked flight group, grpo's and stepgroup's advantage per turn."""
+    """examples --html: the 180-token episode's mask; the flight group's advantage per turn, grpo and stepgroup."""
     cells = "".join(f"<rect x='{(i % 45) * 13}' y='{(i // 45) * 16}' width='11' height='13' rx='2' data-mask='{m}' "
                     f"fill='{'#f46d43' if m else '#dfe3e8'}'/>" for i, m in enumerate(ex["mask"]))
     scale = max(abs(x) for ep in ex["step_credit"] for _, g, s in ep for x in (g, s))
