@@ -450,7 +450,7 @@ def discounted_returns(rewards, gamma) -> torch.Tensor:
 def value_after(ep: Episode, bootstrap_budget: bool = False) -> bool:
     """Does a value target bootstrap V(s_K) after the last turn? Only after a cut from outside the task, unseen by the
     policy (the host's token budget, a TimeLimit). An end state has no future; nor has the task's turn budget (shown
-    unless --hide-clock; Pardo et al. 2018, "Time Limits in RL"). bootstrap_budget=True (README, E3) is wrong."""
+    unless --hide-clock; Pardo et al. 2018, "Time Limits in RL"). bootstrap_budget=True: E3's wrong setting (README)."""
     return ep.truncated and (ep.truncated_by in OUTSIDE_CUTS or (bootstrap_budget and ep.truncated_by == "turn_budget"))
 
 
