@@ -2054,7 +2054,7 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-    demos = demonstration_episodes(cfg, tok, cfg.minibatch_size, seed=1)
+    demos = demonstration_episodes(cfg, tok, 8 if quick else cfg.minibatch_size, seed=1)
     views, opt = {}, torch.optim.AdamW(policy.parameters(), lr=1e-4)
     for view, rows in (("concat", pack(demos, tok, cfg.block_size)), ("per_call", pack_per_call(demos, tok, cfg.block_size))):
         tokens = trim(rows["tokens"], rows["action_mask"])[0].to(dev)  # concat: one row per episode
