@@ -3828,7 +3828,8 @@ return _m.receive(_f.f_locals["sock"], 1 << 20)["value"]"""
 def test_what_a_red_team_broke_holds_now(tmp_path, shared_sandbox):
     """A second round of attacks (a red team's, on this grader): asking the grader for another exercise's
     answer, a reply of 40 MB, a screen-clearing message, files left in /tmp for the next exercise, a file
-    that crashes the compiler, a frame that drips in, and two gradings side by side."""
+    that crashes the compiler, a frame that drips in, and a link planted at the results' old temporary name
+    (two gradings side by side: test_two_gradings_at_once_take_turns)."""
     sub = tmp_path / "sub"
     write_handout(sub, only=["sign_test"])
     fill(sub / "agentic_rl.py", "sign_test", ASK_THE_GRADER.splitlines())
