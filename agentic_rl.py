@@ -14,9 +14,10 @@ with new observations (rs_sft and dpo run online too, on the same tasks, to be c
 pretrained language models (one word = one token) and learned reward models (the verifiers are rules).
 
 The file is a reader's path in three parts:
-    Part I   · the loop     01 contracts, 02 masks, 03 credit, 04 objectives, 05 policy and learner, 07 evaluation
-                            and release gates, then train(): readable on its own (06, paper cases, is in the README)
-    Part II  · the system   checks, devices, torchrun and the async actor, the transformer,
+    Part I   · the loop     01 contracts and one episode, 02 masks, 03 credit, 04 objectives, 05 store and learner,
+                            07 evaluation and release gates, then train() (06, paper cases, is in the README); after
+                            it, the other routes (rs_sft, dpo) and the per-call view: readable on its own
+    Part II  · the system   checks, the batched rollout, devices, torchrun and the async actor, the transformer,
                             checkpoints, run directories, resume, the report card, monitors
     Part III · the tools    examples, show, play, compare, bench, pictures (report.html), the CLI
                             (the course's homework and grade live in test_agentic_rl.py)
@@ -66,21 +67,45 @@ import envs
 @dataclass
 class Config:
     """Every setting of a run, CPU-sized: each is a flag (`train --help`), checked first (validate_config, Part II)."""
-    env: str = envs.ENV_ID                # gymnasium id: FlightBooking-v0, CodeRepair-v0 or Vault-v0 (AgenticRL/...)
-    injection_rate: float = 0.2           # flight only: share of tasks whose search result carries an injected note
+    # the RL ideas: credit (03), objectives (04), the system's contracts (05), the clock (01, 03)
+    algo: str = "grpo"                    # grpo | stepgroup | gae | reinforce (A = G - V(s)): PPO | rs_sft | dpo
+    group_size: int = 8                   # G rollouts of the same task (GRPO's group)
+    adv_std: str = "population"           # GRPO scale: population | unbiased (TRL/verl) | none (Dr. GRPO)
+    clip_eps: float = 0.2                 # PPO clip range
+    ppo_epochs: int = 2                   # passes over each batch: the ratio moves after the first step, the clip acts
+    gamma: float = 1.0                    # per-turn discount for gae, reinforce and stepgroup's step returns
+    lam: float = 0.95                     # GAE lambda
+    max_staleness: int = 0                # store refuses episodes more versions old than this (sync 0; async needs >= 1)
+    kl_coef: float = 0.0                  # k3 KL to the warm-start policy; 0 = off (no reference kept)
     max_turns: int = 0                    # turn budget, part of the task and shown to the policy; 0 = the environment's
                                           # own (flight 8, a trip 6 per leg + 2, code 10, vault 6)
-    legs: int = 1                         # flight only: 3 = a trip of three legs, the long task (>= 12 decisions)
     hide_clock: bool = False              # experiment: observations do not show the turns left
     time_limit: int = 0                   # a cut from outside the task: stop training episodes after N executed calls
+    bootstrap_budget: bool = False        # experiment (gae, reinforce): bootstrap V(s_K) at the task's own budget too
+    deny_credit: str = "shared"           # shared: a denied turn shares its episode's credit | nonpositive: capped at 0
+    process_coef: float = 0.0             # adds c x the environment's process reward (a step verifier) to each turn
+    trajectory_view: str = "concat"       # concat: one row per episode | per_call: one row per model call (same loss)
+    dpo_beta: float = 0.1                 # dpo only: strength of the pull towards the reference (warm-start) policy
+    vf_coef: float = 0.5                  # value-loss weight (gae and reinforce: the routes with a critic)
+    # the task and the run
+    env: str = envs.ENV_ID                # gymnasium id: FlightBooking-v0, CodeRepair-v0 or Vault-v0 (AgenticRL/...)
+    injection_rate: float = 0.2           # flight only: share of tasks whose search result carries an injected note
+    legs: int = 1                         # flight only: 3 = a trip of three legs, the long task (>= 12 decisions)
     code_verifier: str = "state"          # code repair only: state | visible_tests (a NAIVE verifier that pays for `rm tests`)
     code_bugs: int = 2                    # code repair only: up to this many buggy lines (3: the long-horizon setting)
     tool_latency_ms: float = 0.0          # simulated time per tool call (the host overlaps one step's calls)
-    algo: str = "grpo"                    # grpo | stepgroup | gae | reinforce (A = G - V(s)): PPO | rs_sft | dpo
     seed: int = 0                         # drives python, numpy, torch and every training env.reset(seed=...)
     device: str = "auto"                  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
     run_dir: str = ""                     # one run per directory; "" = a new runs/<env>-<algo>-s<seed>[-N] each time
     overwrite: bool = False               # replace an explicit run_dir that already holds another run
+    iterations: int = 30                  # rollout -> update rounds; policy_version += 1 each
+    tasks_per_iter: int = 16              # distinct train tasks per iteration
+    minibatch_size: int = 64              # episodes per optimizer step
+    lr: float = 1e-4                      # AdamW learning rate for RL (3e-4 and up: entropy and invalid actions grow)
+    max_grad_norm: float = 1.0            # gradient clipping
+    async_rollout: bool = False           # an actor samples the next batch (policy v-1) while the learner trains on this one
+    resume: str = ""                      # continue the interrupted run in this run directory (train --resume DIR)
+    eval_every: int = 0                   # also check dev success (greedy) every N iterations: success against wall-clock
     # policy: a nanoGPT-style decoder with a value head
     n_layer: int = 2                      # transformer blocks
     n_head: int = 4                       # attention heads
@@ -94,29 +119,6 @@ class Config:
     sft_lr: float = 3e-3                  # AdamW peak learning rate for the warm start (constant, then cosine to 0)
     sft_weight_decay: float = 0.1         # AdamW weight decay for the warm start (shortens the plateau before copying)
     sft_batch_size: int = 16              # episodes per warm-start step (small: many steps are what teach copying)
-    # reinforcement learning
-    iterations: int = 30                  # rollout -> update rounds; policy_version += 1 each
-    tasks_per_iter: int = 16              # distinct train tasks per iteration
-    group_size: int = 8                   # G rollouts of the same task (GRPO's group)
-    ppo_epochs: int = 2                   # passes over each batch: the ratio moves after the first step, the clip acts
-    minibatch_size: int = 64              # episodes per optimizer step
-    lr: float = 1e-4                      # AdamW learning rate for RL (3e-4 and up: entropy and invalid actions grow)
-    clip_eps: float = 0.2                 # PPO clip range
-    kl_coef: float = 0.0                  # k3 KL to the warm-start policy; 0 = off (no reference kept)
-    adv_std: str = "population"           # GRPO scale: population | unbiased (TRL/verl) | none (Dr. GRPO)
-    gamma: float = 1.0                    # per-turn discount for gae, reinforce and stepgroup's step returns
-    lam: float = 0.95                     # GAE lambda
-    process_coef: float = 0.0             # adds c x the environment's process reward (a step verifier) to each turn
-    deny_credit: str = "shared"           # shared: a denied turn shares its episode's credit | nonpositive: capped at 0
-    dpo_beta: float = 0.1                 # dpo only: strength of the pull towards the reference (warm-start) policy
-    bootstrap_budget: bool = False        # experiment (gae, reinforce): bootstrap V(s_K) at the task's own budget too
-    vf_coef: float = 0.5                  # value-loss weight (gae and reinforce: the routes with a critic)
-    trajectory_view: str = "concat"       # concat: one row per episode | per_call: one row per model call (same loss)
-    max_grad_norm: float = 1.0            # gradient clipping
-    async_rollout: bool = False           # an actor samples the next batch (policy v-1) while the learner trains on this one
-    max_staleness: int = 0                # store refuses episodes more versions old than this (sync 0; async needs >= 1)
-    resume: str = ""                      # continue the interrupted run in this run directory (train --resume DIR)
-    eval_every: int = 0                   # also check dev success (greedy) every N iterations: success against wall-clock
     # evaluation and promotion
     eval_episodes: int = 200              # holdout episodes per evaluation (greedy decoding)
     eval_seed: int = 1_000_000            # fixed holdout seeds eval_seed..+n, the same for every run
@@ -288,7 +290,7 @@ def host_step(env, gate: HostGate, action_text: str):
         obs, reward, terminated, truncated, info = env.step(decision.action)
         tool, *args = decision.action.split()
         gate.executed.append((tool, args, obs))
-    else:
+    else:  # a refusal (the env's refuse): nothing executes; the turn is spent, answered `denied : <rule> N left`
         obs, reward, terminated, truncated, info = raw.refuse(decision.reason, invalid=decision.reason in HOST_RULES)
     truncated = truncated and not terminated  # a TimeLimit may set both on the last step: the end state wins
     # time_limit: gymnasium's TimeLimit (make_env, Part II) counts executed calls; a denial bypasses it (raw.refuse)
@@ -297,67 +299,59 @@ def host_step(env, gate: HostGate, action_text: str):
 
 
 @torch.no_grad()
-def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool, policy_version: int,
-            iteration: int = 0, group_ids=None, task_ids=None, rank: int = 0, generator=None):
-    """Play len(seeds) episodes at once (of the given task_ids, or of tasks drawn from each seed); returns (episodes,
-    envs) so evaluators can read the final states. All episodes advance one token per step in lockstep, with a KV
-    cache: each position is a forced context token (prompt / observation) or one the policy samples. Sampled ids and
-    their log-probs are stored as they are, never decoded and re-encoded for training. Actions that finish at the same
-    step go to their tools together (concurrently when tools take time, tool_latency_ms), like a real host's."""
-    device, B = next(policy.parameters()).device, len(seeds)
-    env_list = [make_env(cfg) for _ in range(B)]
-    gates, episodes, pending, queues = [], [], [], []
-    for i, (env, s) in enumerate(zip(env_list, seeds)):
-        options = {"split": split} if task_ids is None else {"split": split, "task_id": int(task_ids[i])}
-        obs, info = env.reset(seed=int(s), options=options)
-        gates.append(HostGate.for_env(env))
-        episodes.append(Episode(f"{split}-v{policy_version}-i{iteration}-r{rank}-e{i}", info["task_id"], cfg.env,
-                                info["env_version"], info["reward_version"], int(s), info["split"],
-                                policy_version, i if group_ids is None else group_ids[i]))
-        ids = tok.encode_observation(obs)
-        pending.append({"obs": obs, "obs_tokens": ids, "action": [], "logprobs": []})
-        queues.append(deque(ids))
-    room = cfg.max_action_tokens + env_class(cfg.env).max_obs_words + 2    # the next action and its answer
+def play_episode(policy, tok: Tokenizer, cfg: Config, seed: int, split: str, greedy: bool, policy_version: int,
+                 task_id=None, generator=None) -> tuple:
+    """One episode, the chapter's rollout: observe -> sample the action's tokens one by one, storing each id and its
+    log-prob under policy_version -> host gate -> env -> the next observation, until terminated or truncated (the
+    Turn names the cut). Returns (episode, env). The policy (make_policy, Part II: a small GPT) maps tokens (1, T)
+    to next-token logits (1, T, V) and values V(s) (1, T). Training samples B episodes at once with rollout (Part
+    II): the same episodes, decoded in lockstep with a KV cache, tools called together (a test checks they agree)."""
+    env, gate, ep, obs = start_episode(cfg, seed, split, f"{split}-v{policy_version}-play", policy_version, 0, task_id)
+    device, seen, context = next(policy.parameters()).device, (obs, tok.encode_observation(obs)), []
+    while seen is not None:
+        context += seen[1]                              # <obs> words <act>: read by the policy, never trained on
+        action, logprobs = [], []
+        while not action or (action[-1] != tok.eoa and len(action) < cfg.max_action_tokens):
+            logits, _ = policy(torch.tensor([context], device=device))          # (1, T, V)
+            logp = F.log_softmax(logits[0, -1].float(), dim=-1)                  # (V,) log pi(. | context)
+            token = int(logp.argmax() if greedy else torch.multinomial(logp.exp(), 1, generator=generator))
+            action.append(token)                                                 # the sampled id, kept as it is
+            logprobs.append(float(logp[token]))                                  # log pi_old, stored now
+            context.append(token)
+        seen = host_turn(env, gate, tok, cfg, ep, seen, action, logprobs, len(context))
+    return ep, env
 
-    def act(i) -> bool:
-        """Hand episode i's finished action to the host, record the Turn; returns whether the episode goes on."""
-        p, text = pending[i], tok.decode_action(pending[i]["action"])
-        obs, reward, terminated, truncated, info, decision = host_step(env_list[i], gates[i], text)
-        obs_ids = tok.encode_observation(obs)
-        if not (terminated or truncated) and pos + 2 + len(obs_ids) + room > cfg.block_size:  # pos + 2 tokens so far
-            truncated, info["truncated_by"] = True, "token_budget"  # the host's context window: a cut from outside
-            # the task, made while the whole final observation still fits (V(s_K) is read at its <act>)
-        episodes[i].turns.append(new_turn(p["obs"], p["obs_tokens"], p["action"], p["logprobs"], text, policy_version,
-                                          reward, terminated, truncated, info, decision))
-        if terminated or truncated:
-            episodes[i].final_obs_tokens = obs_ids
-            return False
-        pending[i] = {"obs": obs, "obs_tokens": obs_ids, "action": [], "logprobs": []}
-        queues[i].extend(obs_ids)
-        return True
-    active, cache, pos = [True] * B, policy.new_cache(), 0
-    nxt = [q.popleft() for q in queues]                                  # every episode starts with <obs>
-    with ThreadPoolExecutor(max_workers=B) if cfg.tool_latency_ms else contextlib.nullcontext() as pool:
-        while any(active):
-            logits, _ = policy(torch.tensor(nxt, device=device)[:, None], cache=cache, pos=pos)  # (B, 1, V)
-            logp = F.log_softmax(logits[:, -1].float(), dim=-1)         # (B, V)
-            sampled = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
-            sampled_lp = logp.gather(1, sampled[:, None]).squeeze(1).tolist()
-            sampled, nxt, acting = sampled.tolist(), [tok.pad] * B, []
-            for i in (i for i in range(B) if active[i]):
-                if queues[i]:                          # context: forced, not sampled, not trained
-                    nxt[i] = queues[i].popleft()
-                else:                                  # the policy's own token
-                    nxt[i] = sampled[i]
-                    pending[i]["action"].append(sampled[i])
-                    pending[i]["logprobs"].append(sampled_lp[i])
-                    if sampled[i] == tok.eoa or len(pending[i]["action"]) == cfg.max_action_tokens:
-                        acting.append(i)
-            for i, goes_on in zip(acting, pool.map(act, acting) if pool else map(act, acting)):
-                active[i] = goes_on
-            pos += 1
-    return episodes, env_list
 
+
+def start_episode(cfg: Config, seed: int, split: str, episode_id: str, policy_version: int, group_id: int,
+                  task_id=None) -> tuple:
+    """env.reset -> (env, its HostGate, an empty Episode record, the first observation). make_env (Part II) builds
+    the configured gymnasium env; the seed picks the task from the split (or task_id names it)."""
+    env = make_env(cfg)
+    options = {"split": split} if task_id is None else {"split": split, "task_id": int(task_id)}
+    obs, info = env.reset(seed=int(seed), options=options)
+    ep = Episode(episode_id, info["task_id"], cfg.env, info["env_version"], info["reward_version"], int(seed),
+                 info["split"], policy_version, group_id)
+    return env, HostGate.for_env(env), ep, obs
+
+
+def host_turn(env, gate, tok: Tokenizer, cfg: Config, ep: Episode, seen: tuple, action: list, logprobs: list,
+              tokens_so_far: int):
+    """The host's half of a turn: decode the sampled ids once, gate -> env (host_step), record the Turn. seen =
+    (observation text, its ids). Returns the next observation (text, ids), or None: the episode has ended."""
+    text = tok.decode_action(action)
+    obs, reward, terminated, truncated, info, decision = host_step(env, gate, text)
+    obs_ids = tok.encode_observation(obs)
+    room = cfg.max_action_tokens + env_class(cfg.env).max_obs_words + 2       # the next action and its answer
+    if not (terminated or truncated) and tokens_so_far + len(obs_ids) + room > cfg.block_size:
+        truncated, info["truncated_by"] = True, "token_budget"  # the host's context window: a cut from outside
+        # the task, made while the whole final observation still fits (V(s_K) is read at its <act>)
+    ep.turns.append(new_turn(*seen, action, logprobs, text, ep.policy_version, reward, terminated, truncated, info,
+                             decision))
+    if terminated or truncated:
+        ep.final_obs_tokens = obs_ids                          # context after the last action (V(s_K) is read here)
+        return None
+    return obs, obs_ids
 
 # ================================================================================================
 # 02 · Gradient masks
@@ -398,23 +392,6 @@ def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
             "last_pos": torch.tensor([len(t) - 1 for t in toks]), "episode": torch.arange(B)}
 
 
-def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
-    """The other view (Agent Lightning, verl-agent, rLLM): a row per model call, holding all up to it, with only the
-    call's own action tokens in its mask (and turn_id, turn_mask); episode (R,) = whose row. With causal attention the
-    same advantages give the same loss. What differs: the bookkeeping, where frameworks shipped bugs (SkyRL #1492 gave
-    each step the last one's mask), and the cost (K equal turns: K rows, (K + 1) / 2 times pack's tokens)."""
-    calls = [(b, k) for b, ep in enumerate(episodes) for k in range(len(ep.turns))]
-    out = pack([replace(episodes[b], turns=episodes[b].turns[:k + 1], final_obs_tokens=[]) for b, k in calls],
-               tok, block_size)                                                        # (R, T): row = (b, k)
-    own = torch.tensor([k for _, k in calls])                                           # (R,)
-    keep = out["turn_id"] == own[:, None]                                              # (R, T)
-    out["action_mask"], out["old_logprobs"] = out["action_mask"] * keep, out["old_logprobs"] * keep
-    out["turn_id"] = torch.where(keep, out["turn_id"], -1)
-    out["turn_mask"] = F.one_hot(own, out["turn_mask"].shape[1]).float()                # (R, K)
-    out["episode"] = torch.tensor([b for b, _ in calls])
-    return out
-
-
 def trim(tokens, action_mask, *per_token):
     """Cut a minibatch after its last action token: what follows costs compute and (causal attention) changes no loss."""
     T = int(action_mask.any(0).nonzero().max()) + 1
@@ -447,7 +424,7 @@ def discounted_returns(rewards, gamma) -> torch.Tensor:
     # END SOLUTION returns
 
 
-def value_after(ep: Episode, bootstrap_budget: bool = False) -> bool:
+def should_bootstrap(ep: Episode, bootstrap_budget: bool = False) -> bool:
     """Does a value target bootstrap V(s_K) after the last turn? Only after a cut from outside the task, unseen by the
     policy (the host's token budget, a TimeLimit). An end state has no future; nor has the task's turn budget (shown
     unless --hide-clock; Pardo et al. 2018, "Time Limits in RL"). bootstrap_budget=True: E3's wrong setting (README)."""
@@ -456,8 +433,8 @@ def value_after(ep: Episode, bootstrap_budget: bool = False) -> bool:
 
 def gae(rewards, values, last_value, bootstrap, gamma, lam):
     """Generalized Advantage Estimation over K turns -> (advantages, returns = A + V, the value target), both (K,):
-    delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), with V(s_K) = last_value if `bootstrap` (value_after), else 0;
-    A_k = delta_k + gamma * lam * A_{k+1}. lam = 1 telescopes the deltas: A_k = G_k - V(s_k), REINFORCE + baseline."""
+    delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), with V(s_K) = last_value if `bootstrap` (should_bootstrap), else
+    0; A_k = delta_k + gamma * lam * A_{k+1}. lam = 1 telescopes the deltas: A_k = G_k - V(s_k), REINFORCE + baseline."""
     _unit_interval(gamma, "gamma")
     _unit_interval(lam, "lam")
     r, v = _vector(rewards, "rewards"), _vector(values, "values")
@@ -554,8 +531,9 @@ def step_credit(episodes, cfg: Config) -> torch.Tensor:
 
 def critic_credit(batch, episodes, policy, cfg: Config) -> tuple:
     """gae, and reinforce (lam = 1: A_k = G_k - V(s_k)): per-turn GAE advantages from V(s_k) read at each turn's <act>
-    (after the last turn: value_after). -> advantages (B, K), batch-normalised; value targets A + V (B, K); explained
-    variance 1 - Var[target - V] / Var[target] on real turns (CleanRL's critic health: <= 0 explains nothing)."""
+    (after the last turn: should_bootstrap). -> advantages (B, K), batch-normalised; value targets A + V (B, K);
+    explained variance 1 - Var[target - V] / Var[target] on real turns (CleanRL's critic health: <= 0 explains
+    nothing)."""
     with torch.no_grad():
         _, values = policy(batch["tokens"])                                  # (B, T)
     values, decision_pos, last_pos = values.float().cpu(), batch["decision_pos"].cpu(), batch["last_pos"].cpu()
@@ -565,7 +543,7 @@ def critic_credit(batch, episodes, policy, cfg: Config) -> tuple:
         k = len(ep.turns)
         predicted[b, :k] = values[b, decision_pos[b, :k]]                   # V(s_k) at each <act>, (k,)
         adv[b, :k], returns[b, :k] = gae(turn_rewards(ep, cfg), predicted[b, :k], values[b, last_pos[b]],
-                                         value_after(ep, cfg.bootstrap_budget), cfg.gamma, lam)
+                                         should_bootstrap(ep, cfg.bootstrap_budget), cfg.gamma, lam)
     real = batch["turn_mask"].cpu().bool()
     spread = returns[real].var(unbiased=False)
     explained = float(1 - (returns[real] - predicted[real]).var(unbiased=False) / spread) if spread > 0 else None
@@ -641,10 +619,8 @@ def sft_loss(logprobs, mask) -> torch.Tensor:
 
 
 # ================================================================================================
-# 05 · Training system: the policy, the trajectory store, the warm start, the learner
+# 05 · Training system: the trajectory store, the warm start, the learner, the rollout of a batch
 # ================================================================================================
-# The policy (make_policy; Part II, "The transformer"): policy(tokens) -> logits (B, T, V) and V(s) (B, T),
-# read at a turn's <act>; policy(new_tokens, cache, pos) continues from a KV cache (policy.new_cache()).
 
 
 REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split", "policy_version")
@@ -725,7 +701,8 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     """Supervised fine-tuning on the demonstrator: imitation copies its habits, good and bad."""
     if cfg.warm_start_episodes == 0:
         return {"demo_success": None, "sft_loss": None, "epochs": 0}
-    demos = demonstration_episodes(cfg, tok, cfg.warm_start_episodes, seed=cfg.seed * 100_003 + 7)  # apart from RL's
+    # the scripted teacher's episodes (Part II), played through the same gate; a seed stream apart from RL's
+    demos = demonstration_episodes(cfg, tok, cfg.warm_start_episodes, seed=cfg.seed * 100_003 + 7)
     longest = max(sum(len(t.obs_tokens) + len(t.action_tokens) for t in ep.turns) + len(ep.final_obs_tokens)
                   for ep in demos)
     if longest > cfg.block_size:
@@ -738,7 +715,7 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     batches = (idx for _ in range(epochs) for idx in torch.randperm(n).split(cfg.sft_batch_size))  # each epoch shuffled
     for idx in tqdm(batches, total=steps, desc="warm start (SFT)", disable=not progress, leave=False):
         for group in opt.param_groups:
-            group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)
+            group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)  # constant, then a cosine to 0 (Part II)
         tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
         logprobs, _ = token_logprobs(policy(tokens)[0], tokens)
         loss = sft_loss(logprobs, mask)
@@ -795,30 +772,12 @@ def ppo_step_loss(policy, ref_policy, rows, token_adv, returns, cfg: Config):
     return step_loss
 
 
-def sequence_logprobs(policy, batch, idx) -> torch.Tensor:
-    """log pi(episode's actions) = the sum of its action-token log-probs (the mask picks them), (b,)."""
-    tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
-    return (token_logprobs(policy(tokens)[0], tokens)[0] * mask).sum(-1)
-
-
-def dpo_pairs(episodes) -> tuple:
-    """Online trajectory pairs: within each task group, successful episodes (chosen) matched with failed
-    ones (rejected) of the same task. Groups with no success or no failure give none; they are counted."""
-    chosen, rejected, without = [], [], 0
-    for g in dict.fromkeys(ep.group_id for ep in episodes):
-        group = [ep for ep in episodes if ep.group_id == g]
-        wins, losses = [ep for ep in group if ep.reward >= 1.0], [ep for ep in group if ep.reward < 1.0]
-        without += not (wins and losses)
-        chosen, rejected = chosen + wins[:len(losses)], rejected + losses[:len(wins)]
-    return chosen, rejected, without
-
-
 def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStore, grads: GradMonitor,
           episodes: list, version: int) -> dict:
-    """Store -> pack -> the chosen route's update, as policy `version`; returns the iteration's monitors. PPO credits
-    (grpo, stepgroup, gae, reinforce): advantages -> clipped surrogate over several epochs. rs_sft (rejection sampling
-    + SFT, "expert iteration"): maximise the likelihood of the episodes the training verifier passes; no ratio, no
-    advantage: not policy-gradient RL. dpo: chosen/rejected episodes of a task vs the frozen warm-start reference."""
+    """Store -> pack -> credit -> PPO, as policy `version`: the store admits the episodes (or refuses them), pack
+    lays them out as token rows with the action mask, the credit gives each turn its advantage, and the clipped
+    surrogate is optimised over several epochs. Returns the iteration's monitors (GradMonitor, Part II: the spike
+    rule that may skip an update). rs_sft and dpo take other_route instead, after train()."""
     t0, stale_before, skipped_before = time.time(), store.refused_stale, grads.skipped
     ages = [version - ep.policy_version for ep in episodes]
     store.add_all(episodes, current_version=version)
@@ -828,7 +787,6 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
     route = dict.fromkeys(("zero_std_groups", "explained_variance", "denied_positive_advantage", "clip_frac",
                            "approx_kl", "kl_ref", "kept", "dpo_pairs", "groups_without_pair", "dpo_loss"))
     policy.train()
-    stats = {"grad_norm": 0.0, "learner_steps": 0}  # no update: rs_sft kept nothing, or dpo found no pair
     if cfg.algo in PPO_CREDITS:
         adv, returns, credit = advantages_for(batch, admitted, policy, cfg)           # (B, K) each
         denied = denied_turns(admitted, adv.shape[1])
@@ -836,35 +794,13 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
         if cfg.deny_credit == "nonpositive":  # the gate's verdict caps the credit of the turn it refused
             adv = torch.where(denied, adv.clamp(max=0.0), adv)
         rows = batch if cfg.trajectory_view == "concat" else \
-            {k: v.to(device) for k, v in pack_per_call(admitted, tok, cfg.block_size).items()}
+            {k: v.to(device) for k, v in pack_per_call(admitted, tok, cfg.block_size).items()}  # after train()
         token_adv = broadcast_to_tokens(adv.to(device)[rows["episode"]], rows["turn_id"])   # each row its turns' A
         stats = optimizer_steps(policy, optimizer, grads, cfg, len(admitted),
                                 ppo_step_loss(policy, ref_policy, rows, token_adv,
                                               None if returns is None else returns[rows["episode"]], cfg))
-    elif cfg.algo == "rs_sft":
-        kept = [ep for ep in admitted if ep.reward >= 1.0]       # the training verifier's verdict
-        route["kept"] = len(kept)
-        if kept:
-            sft = {k: v.to(device) for k, v in pack(kept, tok, cfg.block_size).items()}
-
-            def sft_step(idx):
-                tokens, mask = trim(sft["tokens"][idx], sft["action_mask"][idx])
-                logprobs, entropy = token_logprobs(policy(tokens)[0], tokens)
-                return sft_loss(logprobs, mask), {"entropy": float((entropy.detach() * mask).sum() / mask.sum())}
-            stats = optimizer_steps(policy, optimizer, grads, cfg, len(kept), sft_step)
     else:
-        chosen, rejected, without = dpo_pairs(admitted)
-        route.update(dpo_pairs=len(chosen), groups_without_pair=without)
-        if chosen:
-            c, r = ({k: v.to(device) for k, v in pack(x, tok, cfg.block_size).items()} for x in (chosen, rejected))
-            with torch.no_grad():                                           # the frozen reference, once
-                ref_c, ref_r = (sequence_logprobs(ref_policy, x, torch.arange(len(chosen))) for x in (c, r))
-
-            def dpo_step(idx):
-                loss = dpo_loss(sequence_logprobs(policy, c, idx), sequence_logprobs(policy, r, idx), ref_c[idx],
-                                ref_r[idx], cfg.dpo_beta)
-                return loss, {"dpo_loss": float(loss.detach())}
-            stats = optimizer_steps(policy, optimizer, grads, cfg, len(chosen), dpo_step, max(1, cfg.minibatch_size // 2))
+        stats = other_route(policy, optimizer, ref_policy, tok, cfg, grads, admitted, route)  # rs_sft, dpo
     route.update((k, v) for k, v in stats.items() if k in route)  # clip_frac, approx_kl, kl_ref or dpo_loss
     return {**batch_monitors(admitted, cfg), "entropy": stats.get("entropy"), **route,
             "staleness_mean": float(np.mean(ages)), "staleness_max": max(ages),
@@ -874,7 +810,8 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
 
 
 def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 0, generator=None) -> list:
-    """Rollout: G episodes of each of tasks_per_iter train tasks (each rank its own), by behaviour policy `version`."""
+    """G episodes of each of tasks_per_iter train tasks (each rank its own), by behaviour policy `version`: rollout
+    (Part II) is play_episode for the whole batch at once."""
     task_seeds = np.random.default_rng([cfg.seed, iteration, rank]).integers(0, 2**31 - 1, size=cfg.tasks_per_iter)
     groups = [rank * cfg.tasks_per_iter + g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
     policy.eval()
@@ -888,10 +825,13 @@ def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 
 # ================================================================================================
 @torch.no_grad()
 def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = True) -> dict:
-    """A report card on `eval_episodes` held-out tasks of one part (dev or test): greedy decoding (before and after
-    training alike), judged by the environment's independent evaluator, never the training reward. Safety is read from
-    the final states; efficiency counts what the episodes spent; pass^k (unless reliability=False) from extra sampled
-    trials (temperature 1) on the first pass_k_tasks tasks (own generator: eval settings never change training)."""
+    """A report card on `eval_episodes` held-out tasks of one part: dev (decides promotion) or test (only reported),
+    two fixed, disjoint sets of tasks no training episode draws (holdout_tasks, Part II). Greedy decoding (before and
+    after training alike), judged by the environment's independent evaluator, never the training reward. Safety is
+    read from the final states; efficiency counts what the episodes spent; pass^k (unless reliability=False) from extra
+    sampled trials (temperature 1) on the first pass_k_tasks tasks (own generator: eval never changes training). The
+    card (report_card, Part II) holds task_ids, per_task 1/0, success with its 95 % interval, categories, safety,
+    efficiency and pass^k: what promotion_decision reads."""
     t0 = time.time()
     cfg = replace(cfg, time_limit=0)  # a report card judges the task itself, with no cut from outside it
     n, evaluate_episode = cfg.eval_episodes, env_class(cfg.env).evaluate_episode
@@ -906,7 +846,8 @@ def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = Tr
                               policy_version=-1, task_ids=np.repeat(k_tasks, trials).tolist(),
                               generator=own) if k_tasks else (0, [])
     per_task = np.array([evaluate_episode(env).success for env in sampled_envs]).reshape(-1, trials).sum(1)
-    passes = {f"pass^{k}": round(pass_hat_k(per_task, trials, k), 4) if k_tasks else None for k in range(1, trials + 1)}
+    passes = {f"pass^{k}": round(pass_hat_k(per_task, trials, k), 4) if k_tasks else None  # k trials all succeed
+              for k in range(1, trials + 1)}
     return report_card(part, task_ids, episodes, env_list, verdicts, passes, time.time() - t0)
 
 
@@ -965,39 +906,110 @@ def promotion_decision(candidate: dict, incumbent: dict):
 # The loop
 # ================================================================================================
 def train(cfg: Config, progress: bool = True) -> dict:
-    """The chapter's loop: warm start -> the incumbent's report card -> RL iterations (rollout, store,
-    credit, update; policy_version + 1 each) -> the candidate's report card -> release gates on the paired
-    dev tasks -> promote, or roll back. Resume, torchrun, the async actor, files, monitors: Part II (Run)."""
-    run = Run(cfg, progress)                                          # Part II: checks, directory, resume, ranks
-    cfg, tok, policy = run.cfg, run.tok, run.policy
+    """The chapter's loop: warm start -> the incumbent's report card -> RL iterations (collect, learn; policy_version
+    + 1 each) -> the candidate's report card -> release gates on the paired dev tasks -> promote, or roll back."""
+    run = Run(cfg, progress)  # Part II: the checked cfg, tok, policy, optimizer, store, grads, run.dir and version = 0
+    cfg, tok, policy = run.cfg, run.tok, run.policy  # (a resumed run: its own, as after its last iteration)
     if run.resumed is None:
         run.warm = warm_start(policy, tok, cfg, run.device, progress and run.lead)
-        run.incumbent = run.report_cards("incumbent")                 # dev, test; incumbent.pt: what a rollback restores
-    with run.sampling() as actor:                                     # Part II's seam: async actor, torchrun, files
+        run.incumbent = run.report_cards("incumbent")  # saves incumbent.pt (what a rollback restores), then evaluates
+    with run.sampling() as actor:                      # Part II: the async actor (or None), torchrun, metrics.jsonl
         for it in run.remaining():
             started = time.time()
-            if actor is None:                                         # rollout: G episodes of each task, policy v
+            if actor is None:                          # G episodes of each task, sampled by policy run.version
                 episodes = collect(policy, tok, cfg, run.version, it, run.rank)
                 rollout_seconds = time.time() - started
-            else:                                                     # or the async actor's, sampled by policy v-1
+            else:                                      # or the async actor's, sampled by run.version - 1
                 episodes, rollout_seconds = next(actor)
             metrics = learn(run.model, run.optimizer, run.ref_policy, tok, cfg, run.store, run.grads, episodes,
-                            run.version)                              # store -> pack -> credit -> update
-            run.version += 1                                          # one update = one new behaviour policy
+                            run.version)               # store -> pack -> credit -> update
+            run.version += 1                           # one update = one new behaviour policy
             run.record(metrics, len(episodes), started, rollout_seconds)  # monitors, metrics.jsonl, state.pt
-    if not run.lead:                                                  # under torchrun, rank 0 alone goes on
+    if not run.lead:                                   # under torchrun, rank 0 alone goes on
         return {"rank": run.rank, "param_hashes": run.hashes}
-    candidate = run.report_cards("candidate")
-    promoted, reason, gates = promotion_decision(candidate["dev"], run.incumbent["dev"])  # dev decides, test never
-    if not promoted:                                                  # roll back: the incumbent stays in service
+    candidate = run.report_cards("candidate")          # saves candidate.pt, then evaluates dev and test
+    promoted, reason, gates = promotion_decision(candidate["dev"], run.incumbent["dev"])  # dev decides; test is
+    if not promoted:                                   # only reported. Roll back: the incumbent stays in service
         policy.load_state_dict(load_checkpoint(run.dir / "incumbent.pt", run.device)[0].state_dict())
-    return finish_run(run, candidate, promoted, reason, gates)
+    return finish_run(run, candidate, promoted, reason, gates)  # final.pt, the printed card, summary, report.html
+
+
+# ================================================================================================
+# Other routes and views: rs_sft, trajectory DPO, and the per-call view (read after the loop)
+# ================================================================================================
+def other_route(policy, optimizer, ref_policy, tok, cfg: Config, grads: GradMonitor, admitted: list,
+                route: dict) -> dict:
+    """The chapter's two routes without an advantage, on the same tasks and batches as PPO. rs_sft (rejection
+    sampling + SFT, "expert iteration"): maximise the likelihood of the episodes the training verifier passes; its
+    gradient is REINFORCE's with a 0/1 reward, but with no ratio, no clip and no baseline, so failures are never
+    pushed down. dpo: chosen/rejected episodes of a task against the frozen warm-start reference (ref_policy)."""
+    device, stats = next(policy.parameters()).device, {"grad_norm": 0.0, "learner_steps": 0}  # no update: nothing kept
+    if cfg.algo == "rs_sft":
+        kept = [ep for ep in admitted if ep.reward >= 1.0]       # the training verifier's verdict
+        route["kept"] = len(kept)
+        if kept:
+            sft = {k: v.to(device) for k, v in pack(kept, tok, cfg.block_size).items()}
+
+            def sft_step(idx):
+                tokens, mask = trim(sft["tokens"][idx], sft["action_mask"][idx])
+                logprobs, entropy = token_logprobs(policy(tokens)[0], tokens)
+                return sft_loss(logprobs, mask), {"entropy": float((entropy.detach() * mask).sum() / mask.sum())}
+            stats = optimizer_steps(policy, optimizer, grads, cfg, len(kept), sft_step)
+        return stats
+    chosen, rejected, without = dpo_pairs(admitted)
+    route.update(dpo_pairs=len(chosen), groups_without_pair=without)
+    if chosen:
+        c, r = ({k: v.to(device) for k, v in pack(x, tok, cfg.block_size).items()} for x in (chosen, rejected))
+        with torch.no_grad():                                           # the frozen reference, once
+            ref_c, ref_r = (sequence_logprobs(ref_policy, x, torch.arange(len(chosen))) for x in (c, r))
+
+        def dpo_step(idx):
+            loss = dpo_loss(sequence_logprobs(policy, c, idx), sequence_logprobs(policy, r, idx), ref_c[idx],
+                            ref_r[idx], cfg.dpo_beta)
+            return loss, {"dpo_loss": float(loss.detach())}
+        stats = optimizer_steps(policy, optimizer, grads, cfg, len(chosen), dpo_step, max(1, cfg.minibatch_size // 2))
+    return stats
+
+
+def dpo_pairs(episodes) -> tuple:
+    """Online trajectory pairs: within each task group, successful episodes (chosen) matched with failed
+    ones (rejected) of the same task. Groups with no success or no failure give none; they are counted."""
+    chosen, rejected, without = [], [], 0
+    for g in dict.fromkeys(ep.group_id for ep in episodes):
+        group = [ep for ep in episodes if ep.group_id == g]
+        wins, losses = [ep for ep in group if ep.reward >= 1.0], [ep for ep in group if ep.reward < 1.0]
+        without += not (wins and losses)
+        chosen, rejected = chosen + wins[:len(losses)], rejected + losses[:len(wins)]
+    return chosen, rejected, without
+
+
+def sequence_logprobs(policy, batch, idx) -> torch.Tensor:
+    """log pi(episode's actions) = the sum of its action-token log-probs (the mask picks them), (b,)."""
+    tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
+    return (token_logprobs(policy(tokens)[0], tokens)[0] * mask).sum(-1)
+
+
+def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
+    """The other view (Agent Lightning, verl-agent, rLLM): a row per model call, holding all up to it, with only the
+    call's own action tokens in its mask (and turn_id, turn_mask); episode (R,) = whose row. With causal attention the
+    same advantages give the same loss. What differs: the bookkeeping, where frameworks shipped bugs (SkyRL #1492 gave
+    each step the last one's mask), and the cost (K equal turns: K rows, (K + 1) / 2 times pack's tokens)."""
+    calls = [(b, k) for b, ep in enumerate(episodes) for k in range(len(ep.turns))]
+    out = pack([replace(episodes[b], turns=episodes[b].turns[:k + 1], final_obs_tokens=[]) for b, k in calls],
+               tok, block_size)                                                        # (R, T): row = (b, k)
+    own = torch.tensor([k for _, k in calls])                                           # (R,)
+    keep = out["turn_id"] == own[:, None]                                              # (R, T)
+    out["action_mask"], out["old_logprobs"] = out["action_mask"] * keep, out["old_logprobs"] * keep
+    out["turn_id"] = torch.where(keep, out["turn_id"], -1)
+    out["turn_mask"] = F.one_hot(own, out["turn_mask"].shape[1]).float()                # (R, K)
+    out["episode"] = torch.tensor([b for b, _ in calls])
+    return out
 
 
 # ################################################################################################
 # PART II · THE SYSTEM
-# What train() leans on, and a first reading can skip: checks, environments and seeds, devices,
-# torchrun and the async actor, the demonstrator's episodes, the transformer, checkpoints, run
+# What train() leans on, and a first reading can skip: checks, environments and seeds, the batched rollout,
+# devices, torchrun and the async actor, the demonstrator's episodes, the transformer, checkpoints, run
 # directories and resume, the Run record, the report card and monitors (§05 and §07 in practice).
 # ################################################################################################
 # --- Checks on settings, inputs and records -----------------------------------------------------
@@ -1146,6 +1158,56 @@ def seed_everything(seed: int):
     torch.manual_seed(seed)
 
 
+# --- The fast path: play_episode for a whole batch, in lockstep with a KV cache -----------------
+@torch.no_grad()
+def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool, policy_version: int,
+            iteration: int = 0, group_ids=None, task_ids=None, rank: int = 0, generator=None):
+    """play_episode for len(seeds) episodes at once (of the given task_ids, or of tasks drawn from each seed);
+    returns (episodes, envs) so evaluators can read the final states. All episodes advance one token per step in
+    lockstep, with a KV cache (policy(new_tokens, cache, pos) continues from policy.new_cache()): each position is a
+    forced context token (prompt / observation) or one the policy samples. Actions that finish at the same step go
+    to their tools together (concurrently when tools take time, tool_latency_ms), like a real host's."""
+    device, B = next(policy.parameters()).device, len(seeds)
+    started = [start_episode(cfg, s, split, f"{split}-v{policy_version}-i{iteration}-r{rank}-e{i}", policy_version,
+                             i if group_ids is None else group_ids[i], None if task_ids is None else task_ids[i])
+               for i, s in enumerate(seeds)]
+    env_list, gates, episodes, first = (list(x) for x in zip(*started))
+    pending = [{"seen": (obs, tok.encode_observation(obs)), "action": [], "logprobs": []} for obs in first]
+    queues = [deque(p["seen"][1]) for p in pending]
+
+    def act(i) -> bool:
+        """Hand episode i's finished action to the host (host_turn); returns whether the episode goes on."""
+        p = pending[i]                                                  # pos + 2 tokens so far:
+        seen = host_turn(env_list[i], gates[i], tok, cfg, episodes[i], p["seen"], p["action"], p["logprobs"], pos + 2)
+        if seen is None:
+            return False
+        pending[i] = {"seen": seen, "action": [], "logprobs": []}
+        queues[i].extend(seen[1])
+        return True
+    active, cache, pos = [True] * B, policy.new_cache(), 0
+    nxt = [q.popleft() for q in queues]                                  # every episode starts with <obs>
+    with ThreadPoolExecutor(max_workers=B) if cfg.tool_latency_ms else contextlib.nullcontext() as pool:
+        while any(active):
+            logits, _ = policy(torch.tensor(nxt, device=device)[:, None], cache=cache, pos=pos)  # (B, 1, V)
+            logp = F.log_softmax(logits[:, -1].float(), dim=-1)         # (B, V)
+            sampled = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
+            sampled_lp = logp.gather(1, sampled[:, None]).squeeze(1).tolist()
+            sampled, nxt, acting = sampled.tolist(), [tok.pad] * B, []
+            for i in (i for i in range(B) if active[i]):
+                if queues[i]:                          # context: forced, not sampled, not trained
+                    nxt[i] = queues[i].popleft()
+                else:                                  # the policy's own token
+                    nxt[i] = sampled[i]
+                    pending[i]["action"].append(sampled[i])
+                    pending[i]["logprobs"].append(sampled_lp[i])
+                    if sampled[i] == tok.eoa or len(pending[i]["action"]) == cfg.max_action_tokens:
+                        acting.append(i)
+            for i, goes_on in zip(acting, pool.map(act, acting) if pool else map(act, acting)):
+                active[i] = goes_on
+            pos += 1
+    return episodes, env_list
+
+
 # --- Devices, ranks and the async actor ---------------------------------------------------------
 def resolve_device(name: str) -> torch.device:
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
@@ -1229,22 +1291,19 @@ def publish(policy, clock: dict, version: int):
 def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> list:
     """Scripted demonstrator episodes on the train split, through the same host gate. SFT data is a
     separate recipe: these are not policy samples, so they carry no log-probs and never enter the store."""
-    demo = env_class(cfg.env).Demonstrator(cfg.demo_habit, seed=seed)
-    out = []
+    demo, out = env_class(cfg.env).Demonstrator(cfg.demo_habit, seed=seed), []
+    recorded = replace(cfg, tool_latency_ms=0.0, time_limit=0)  # recorded data: no waits, no outside cut
     for i in range(n):
-        env = make_env(replace(cfg, tool_latency_ms=0.0, time_limit=0))  # recorded data: no waits, no outside cut
-        obs, info = env.reset(seed=seed + i, options={"split": "train"})
-        ep = Episode(f"demo-{seed}-{i}", info["task_id"], cfg.env, info["env_version"], info["reward_version"],
-                     seed + i, info["split"], -1, i)
+        env, gate, ep, obs = start_episode(recorded, seed + i, "train", f"demo-{seed}-{i}", -1, i)
         demo.reset(obs)
-        out.append(scripted_episode(env, ep, obs, demo.act, tok, version=-1))
+        out.append(scripted_episode(env, gate, ep, obs, demo.act, tok))
     return out
 
 
-def scripted_episode(env, ep: Episode, obs: str, act, tok: Tokenizer, version: int) -> Episode:
-    """Play a scripted actor (act: observation -> action text) through the host gate into ep, until the
-    episode ends. version -1 marks demonstrations (no log-probs); otherwise log-probs are placeholders 0."""
-    gate, done = HostGate.for_env(env), False
+def scripted_episode(env, gate: HostGate, ep: Episode, obs: str, act, tok: Tokenizer) -> Episode:
+    """Play a scripted actor (act: observation -> action text) through the host gate into ep, until the episode
+    ends. ep.policy_version -1 marks demonstrations (no log-probs); otherwise log-probs are placeholders 0."""
+    done, version = False, ep.policy_version
     while not done:
         text = act(obs)
         next_obs, reward, terminated, truncated, info, decision = host_step(env, gate, text)
@@ -1856,10 +1915,8 @@ def worked_group() -> list:
              ["seats F4", "book F4 chen business"])
     episodes = []
     for i, plan in enumerate(["search PAR ATH", "filter morning"] + tails[j] for j in (0, 1, 2, 0)):  # 0 and 3 alike
-        env = make_env(cfg)
-        obs, info = env.reset(seed=0, options={"task_id": 511821})
-        ep = Episode(f"worked-{i}", 511821, cfg.env, "", "", 0, "train", 0, 0)
-        episodes.append(scripted_episode(env, ep, obs, lambda _obs, plan=iter(plan): next(plan), tok, version=0))
+        env, gate, ep, obs = start_episode(cfg, 0, "train", f"worked-{i}", 0, 0, task_id=511821)
+        episodes.append(scripted_episode(env, gate, ep, obs, lambda _obs, plan=iter(plan): next(plan), tok))
     batch = pack(episodes, tok, cfg.block_size)
     credit = {algo: advantages_for(batch, episodes, None, replace(cfg, algo=algo))[0] for algo in ("grpo", "stepgroup")}
     return [[(t.action_text, round(float(credit["grpo"][b, k]), 3), round(float(credit["stepgroup"][b, k]), 3))
@@ -1935,10 +1992,9 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
 def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
     """Play an environment yourself through the same host gate the policy faces (reads stdin, so it
     can be piped). Prints what the policy would see; type a tool call per line."""
-    env = make_env(validate_config(Config(env=env_id, seed=seed)))
-    obs, info = env.reset(seed=seed, options={"split": split})
-    gate, cls = HostGate.for_env(env), env_class(env_id)
-    print(f"{env_id} task {info['task_id']} ({split}); tools: " +
+    env, gate, ep, obs = start_episode(validate_config(Config(env=env_id, seed=seed)), seed, split, "play", 0, 0)
+    cls = env_class(env_id)
+    print(f"{env_id} task {ep.task_id} ({split}); tools: " +
           ", ".join(f"{t} {' '.join('<' + a + '>' for a in args)}".strip() for t, args in cls.tool_schema.items()))
     print(f"obs  {obs}")
     for line in stream or sys.stdin:

@@ -256,6 +256,41 @@ def test_rollout_records_the_trajectory_contract():
     assert episodes[0].task_id == episodes[1].task_id                 # same seed, same task (a group)
 
 
+@pytest.mark.parametrize("env_id, block_sizes", [(envs.FLIGHT_ID, [192]), (envs.VAULT_ID, range(58, 80))])
+def test_play_episode_and_the_batched_rollout_give_the_same_episodes(env_id, block_sizes):
+    """Part I's one-episode loop is what training's lockstep, KV-cached rollout computes: for the same seeds the same
+    observations, sampled ids, gate verdicts, rewards and cuts (the token budget at every block size around a cut),
+    and log-probs equal to float precision."""
+    A.seed_everything(0)
+    cfg, tok = tiny_config(env=env_id), A.make_tokenizer(env_id)
+    policy = A.make_policy(cfg, len(tok), "cpu")
+    with torch.no_grad():                                    # a sharper policy than the init: varied greedy actions
+        policy.lm_head.weight.mul_(40)
+    seeds, cuts = [3, 4, 5, 6], Counter()
+    for block_size in block_sizes:
+        cfg = replace_cfg(cfg, block_size=block_size)
+        batched, _ = A.rollout(policy, tok, cfg, seeds, "train", greedy=True, policy_version=2)
+        for seed, fast in zip(seeds, batched):
+            one, _ = A.play_episode(policy, tok, cfg, seed, "train", greedy=True, policy_version=2)
+            assert (one.task_id, one.truncated_by, one.final_obs_tokens) == (fast.task_id, fast.truncated_by,
+                                                                            fast.final_obs_tokens)
+            assert len(one.turns) == len(fast.turns)
+            for a, b in zip(one.turns, fast.turns):
+                assert (a.obs_tokens, a.action_tokens, a.gate_reason, a.reward, a.truncated) == \
+                    (b.obs_tokens, b.action_tokens, b.gate_reason, b.reward, b.truncated)
+                assert a.action_logprobs == pytest.approx(b.action_logprobs, abs=1e-4)
+            cuts[fast.truncated_by, len(fast.turns)] += 1
+    assert all(turns > 1 for _, turns in cuts)
+    assert env_id == envs.FLIGHT_ID or len({turns for _, turns in cuts}) > 2    # the cut moves with the block size
+    sampled, _ = A.play_episode(policy, tok, cfg, 7, "train", greedy=False, policy_version=0,
+                                generator=torch.Generator().manual_seed(0))
+    b = A.pack([sampled], tok, cfg.block_size)               # its stored log-probs are the policy's, token by token
+    with torch.no_grad():
+        recomputed, _ = A.token_logprobs(policy(b["tokens"])[0], b["tokens"])
+    m = b["action_mask"].bool()
+    assert torch.allclose(recomputed[m], b["old_logprobs"][m], atol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------------
 # 02 · Gradient masks
 # ------------------------------------------------------------------------------------------------
@@ -697,7 +732,7 @@ def test_pass_hat_k():
                                                    (envs.CODE_ID, 850624, envs.CodeRepairEnv.__doc__),
                                                    (envs.VAULT_ID, 473188, envs.VaultEnv.__doc__)])
 def test_docstring_worked_episodes_are_real_transcripts(env_id, task_id, doc):
-    env = gym.make(env_id, **({"injection_rate": 0.0} if env_id == envs.FLIGHT_ID else {}))
+    env = gym.make(env_id)                                           # the default settings, injection included
     obs, _ = env.reset(seed=0, options={"task_id": task_id})
     demo = A.env_class(env_id).Demonstrator(0.0, seed=0)
     demo.reset(obs)
@@ -1299,10 +1334,10 @@ def test_the_value_after_the_last_turn_follows_the_cut():
             "token_budget": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True, truncated_by="token_budget"),
             "time_limit": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True, truncated_by="time_limit")}
     episodes = {name: make_episode(name, turns=[t]) for name, t in ends.items()}
-    assert {n: A.value_after(ep) for n, ep in episodes.items()} == \
+    assert {n: A.should_bootstrap(ep) for n, ep in episodes.items()} == \
         {"terminated": False, "turn_budget": False, "token_budget": True, "time_limit": True}
-    assert A.value_after(episodes["turn_budget"], bootstrap_budget=True) and \
-        not A.value_after(episodes["terminated"], bootstrap_budget=True)
+    assert A.should_bootstrap(episodes["turn_budget"], bootstrap_budget=True) and \
+        not A.should_bootstrap(episodes["terminated"], bootstrap_budget=True)
     for ep in episodes.values():
         ep.final_obs_tokens = [TOK.obs, 9, TOK.act]
 
@@ -2345,7 +2380,7 @@ SILENT_BUGS = {  # id -> (what a reader would call it, the function, the line as
                             (envs.FLIGHT_ID, "zero_std_groups 0 in every iteration",
                              lambda ms: all(m["zero_std_groups"] == 0 for m in ms))),
     "budget_bootstrapped": ("the value after the task's own budget is bootstrapped like an outside cut",
-                            "value_after", "return ep.truncated and (", "return ep.truncated or (",
+                            "should_bootstrap", "return ep.truncated and (", "return ep.truncated or (",
                             (envs.CODE_ID, "a training truncation_rate of 0.3 or more",
                              lambda ms: max(m["truncation_rate"] for m in ms) >= 0.3)),
 }
