@@ -99,7 +99,7 @@ class Config:
     run_dir: str = ""                     # one run per directory; "" = a new runs/<env>-<algo>-s<seed>[-N] each time
     overwrite: bool = False               # replace an explicit run_dir that already holds another run
     iterations: int = 30                  # rollout -> update rounds; policy_version += 1 each
-    tasks_per_iter: int = 16              # distinct train tasks per iteration
+    tasks_per_iter: int = 16              # train tasks per iteration, each drawn from a seed of its own
     minibatch_size: int = 64              # episodes per optimizer step
     lr: float = 1e-4                      # AdamW learning rate for RL (3e-4 and up: entropy and invalid actions grow)
     max_grad_norm: float = 1.0            # gradient clipping
@@ -188,8 +188,12 @@ class Turn:
     process_reward: float = 0.0  # the environment's step verifier (info["process_reward"]); not the outcome
 
 
-CUTS = ("turn_budget", "token_budget", "time_limit")  # the task's own (shown), the host's context window, a wrapper's
-OUTSIDE_CUTS = ("token_budget", "time_limit")         # of those, cuts from outside the task (the policy cannot see them)
+# The cuts that truncate an episode, who makes each, and whether a value target bootstraps V(s_K) after it:
+#   turn_budget   the environment, once the task's own budget is spent (a denial spends a turn)  no: part of the task
+#   token_budget  the host (host_turn), before the next turn would overflow block_size          yes: from outside
+#   time_limit    gymnasium's TimeLimit (make_env, Part II), after N executed calls             yes: from outside
+CUTS = ("turn_budget", "token_budget", "time_limit")
+OUTSIDE_CUTS = ("token_budget", "time_limit")         # cuts from outside the task: the task did not end there
 
 
 def new_turn(obs, obs_tokens, action_tokens, logprobs, text, version, reward, terminated, truncated, info, decision):
@@ -290,7 +294,8 @@ def host_step(env, gate: HostGate, action_text: str):
         obs, reward, terminated, truncated, info = env.step(decision.action)
         tool, *args = decision.action.split()
         gate.executed.append((tool, args, obs))
-    else:  # a refusal (the env's refuse): nothing executes; the turn is spent, answered `denied : <rule> N left`
+    else:  # a refusal (the env's refuse): nothing executes; the turn is spent (reward 0, cost 0, and at the budget a
+        # turn_budget cut), answered `denied : <rule> N left`
         obs, reward, terminated, truncated, info = raw.refuse(decision.reason, invalid=decision.reason in HOST_RULES)
     truncated = truncated and not terminated  # a TimeLimit may set both on the last step: the end state wins
     # time_limit: gymnasium's TimeLimit (make_env, Part II) counts executed calls; a denial bypasses it (raw.refuse)
@@ -412,7 +417,7 @@ def token_logprobs(logits, tokens):
 # ================================================================================================
 def discounted_returns(rewards, gamma) -> torch.Tensor:
     """G_k = r_k + gamma * G_{k+1}, G_K = 0. Reward 1 at turn 4, gamma 0.9 -> [0.729, 0.81, 0.9, 1].
-    A time preference, not proof that the last step mattered most (chapter §03)."""
+    A time preference, not proof that the last step mattered most."""
     _unit_interval(gamma, "gamma")
     r = _vector(rewards, "rewards")
     # BEGIN SOLUTION returns
@@ -425,16 +430,18 @@ def discounted_returns(rewards, gamma) -> torch.Tensor:
 
 
 def should_bootstrap(ep: Episode, bootstrap_budget: bool = False) -> bool:
-    """Does a value target bootstrap V(s_K) after the last turn? Only after a cut from outside the task, unseen by the
-    policy (the host's token budget, a TimeLimit). An end state has no future; nor has the task's turn budget (shown
-    unless --hide-clock; Pardo et al. 2018, "Time Limits in RL"). bootstrap_budget=True: E3's wrong setting (README)."""
+    """Does a value target bootstrap V(s_K) after the last turn? Only after a cut from outside the task (the host's
+    token budget, a TimeLimit): the task did not end there. An end state has no future; nor has the task's own turn
+    budget, which is part of the task (Pardo et al. 2018, "Time Limits in RL"; shown in every observation unless
+    --hide-clock). bootstrap_budget=True: E3's wrong setting (README)."""
     return ep.truncated and (ep.truncated_by in OUTSIDE_CUTS or (bootstrap_budget and ep.truncated_by == "turn_budget"))
 
 
 def gae(rewards, values, last_value, bootstrap, gamma, lam):
     """Generalized Advantage Estimation over K turns -> (advantages, returns = A + V, the value target), both (K,):
     delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), with V(s_K) = last_value if `bootstrap` (should_bootstrap), else
-    0; A_k = delta_k + gamma * lam * A_{k+1}. lam = 1 telescopes the deltas: A_k = G_k - V(s_k), REINFORCE + baseline."""
+    0; A_k = delta_k + gamma * lam * A_{k+1}. lam = 1 telescopes the deltas: A_k = G_k - V(s_k), REINFORCE + baseline
+    (G_k the discounted return, plus gamma^(K-k) V(s_K) when bootstrapped)."""
     _unit_interval(gamma, "gamma")
     _unit_interval(lam, "lam")
     r, v = _vector(rewards, "rewards"), _vector(values, "values")
@@ -518,7 +525,8 @@ def group_credit(episodes, cfg: Config) -> tuple:
 
 def step_credit(episodes, cfg: Config) -> torch.Tensor:
     """stepgroup's step term A^S(s_t), (B, K): step_group_advantages of each turn's discounted return, within its
-    task's group. Added to grpo's A with weight 1 (GiGPO): it only moves credit among turns that shared a state."""
+    task's group. Added to grpo's A with weight 1 (GiGPO). Within each set of turns that shared a state it sums to
+    0; the first state every episode shares, so there it equals grpo's A, counted twice (`examples`: +1 -> +2)."""
     out = torch.zeros(len(episodes), max(len(ep.turns) for ep in episodes))
     for g in dict.fromkeys(ep.group_id for ep in episodes):
         turns = [(b, k) for b, ep in enumerate(episodes) if ep.group_id == g for k in range(len(ep.turns))]
@@ -737,7 +745,7 @@ def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_items:
             optimizer.zero_grad()
             loss.backward()
             norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))  # pre-clip norm
-            if grads.allows(norm):
+            if grads.allows(norm):  # skipped if not finite or > 10 x the median of the last 50 norms (GradMonitor)
                 optimizer.step()
             stats.update(s, grad_norm=norm)
             n += 1
@@ -811,7 +819,7 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
 
 def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 0, generator=None) -> list:
     """G episodes of each of tasks_per_iter train tasks (each rank its own), by behaviour policy `version`: rollout
-    (Part II) is play_episode for the whole batch at once."""
+    (Part II) is play_episode for the whole batch at once (test_play_episode_and_the_batched_rollout_* checks it)."""
     task_seeds = np.random.default_rng([cfg.seed, iteration, rank]).integers(0, 2**31 - 1, size=cfg.tasks_per_iter)
     groups = [rank * cfg.tasks_per_iter + g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
     policy.eval()
@@ -825,13 +833,11 @@ def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 
 # ================================================================================================
 @torch.no_grad()
 def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = True) -> dict:
-    """A report card on `eval_episodes` held-out tasks of one part: dev (decides promotion) or test (only reported),
-    two fixed, disjoint sets of tasks no training episode draws (holdout_tasks, Part II). Greedy decoding (before and
-    after training alike), judged by the environment's independent evaluator, never the training reward. Safety is
-    read from the final states; efficiency counts what the episodes spent; pass^k (unless reliability=False) from extra
-    sampled trials (temperature 1) on the first pass_k_tasks tasks (own generator: eval never changes training). The
-    card (report_card, Part II) holds task_ids, per_task 1/0, success with its 95 % interval, categories, safety,
-    efficiency and pass^k: what promotion_decision reads."""
+    """A report card on `eval_episodes` held-out tasks of one part: dev (even task ids; decides promotion) or test
+    (odd ids; only reported), on routes no training episode draws (holdout_tasks, Part II). Greedy decoding, judged by
+    the environment's independent evaluator (never the training reward); pass^k from extra sampled trials on the
+    first pass_k_tasks tasks (own generator: eval never changes training). The card (report_card, Part II) holds
+    task_ids, per_task 1/0, success and its 95 % interval, categories, safety, efficiency, pass^k."""
     t0 = time.time()
     cfg = replace(cfg, time_limit=0)  # a report card judges the task itself, with no cut from outside it
     n, evaluate_episode = cfg.eval_episodes, env_class(cfg.env).evaluate_episode
@@ -908,8 +914,11 @@ def promotion_decision(candidate: dict, incumbent: dict):
 def train(cfg: Config, progress: bool = True) -> dict:
     """The chapter's loop: warm start -> the incumbent's report card -> RL iterations (collect, learn; policy_version
     + 1 each) -> the candidate's report card -> release gates on the paired dev tasks -> promote, or roll back."""
-    run = Run(cfg, progress)  # Part II: the checked cfg, tok, policy, optimizer, store, grads, run.dir and version = 0
-    cfg, tok, policy = run.cfg, run.tok, run.policy  # (a resumed run: its own, as after its last iteration)
+    # Run (Part II) holds: the checked cfg, tok, policy and run.model (the same policy, DDP-wrapped under torchrun),
+    # optimizer, store, grads, ref_policy (the frozen warm start: dpo or --kl-coef; else None), dir, rank, lead
+    # (rank 0), version = 0; report_cards(name) saves name.pt and evaluates; record() writes metrics and state.pt.
+    run = Run(cfg, progress)                           # a resumed run: its own, as after its last iteration
+    cfg, tok, policy = run.cfg, run.tok, run.policy
     if run.resumed is None:
         run.warm = warm_start(policy, tok, cfg, run.device, progress and run.lead)
         run.incumbent = run.report_cards("incumbent")  # saves incumbent.pt (what a rollback restores), then evaluates
@@ -942,7 +951,8 @@ def other_route(policy, optimizer, ref_policy, tok, cfg: Config, grads: GradMoni
     """The chapter's two routes without an advantage, on the same tasks and batches as PPO. rs_sft (rejection
     sampling + SFT, "expert iteration"): maximise the likelihood of the episodes the training verifier passes; its
     gradient is REINFORCE's with a 0/1 reward, but with no ratio, no clip and no baseline, so failures are never
-    pushed down. dpo: chosen/rejected episodes of a task against the frozen warm-start reference (ref_policy)."""
+    pushed down (and, as a token mean over kept tokens, its scale does not follow how many succeeded). dpo:
+    chosen/rejected episodes of a task against the frozen warm-start reference (ref_policy)."""
     device, stats = next(policy.parameters()).device, {"grad_norm": 0.0, "learner_steps": 0}  # no update: nothing kept
     if cfg.algo == "rs_sft":
         kept = [ep for ep in admitted if ep.reward >= 1.0]       # the training verifier's verdict
@@ -993,7 +1003,8 @@ def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
     """The other view (Agent Lightning, verl-agent, rLLM): a row per model call, holding all up to it, with only the
     call's own action tokens in its mask (and turn_id, turn_mask); episode (R,) = whose row. With causal attention the
     same advantages give the same loss. What differs: the bookkeeping, where frameworks shipped bugs (SkyRL #1492 gave
-    each step the last one's mask), and the cost (K equal turns: K rows, (K + 1) / 2 times pack's tokens)."""
+    each step the last one's mask), and the cost (K equal turns: K rows, (K + 1) / 2 times pack's real tokens, more
+    once padded)."""
     calls = [(b, k) for b, ep in enumerate(episodes) for k in range(len(ep.turns))]
     out = pack([replace(episodes[b], turns=episodes[b].turns[:k + 1], final_obs_tokens=[]) for b, k in calls],
                tok, block_size)                                                        # (R, T): row = (b, k)
