@@ -3045,17 +3045,18 @@ def files_for(ex: str, submission: dict):
 
 
 def verdict(e: Exception) -> tuple:
-    """(status, message) for what a check raised: a blank, a wrong value, a stop, or a crash; and
-    the grader's own failure, which is never the student's."""
-    memory = isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "MemoryError" in str(e)
+    """(status, message) for what a check raised, told apart by the kind of exception, never by the words
+    of its message: a blank, a wrong value, a stop, or a crash; and the grader's own failure, which is never
+    the student's."""
     if isinstance(e, NotImplementedError):
         return "not started", str(e)
     if isinstance(e, AssertionError):
         return "wrong", str(e)
     if isinstance(e, GradeTimeout):
         return "time limit", "stopped at the time limit: an endless loop, or far too slow"
-    if memory and (getattr(e, "from_student", 0) or isinstance(e, WorkerGone)):
-        return "memory limit", f"stopped at the memory limit ({MEMORY_LIMIT >> 20} MiB more than torch itself)"
+    if isinstance(e, MemoryError) and getattr(e, "from_student", False):
+        return "memory limit", f"stopped at the memory limit ({MEMORY_LIMIT >> 20} MiB more than torch itself): " \
+                               f"{type(e).__name__}: {e}"
     if isinstance(e, WorkerGone):
         return "crashes", f"your code ended its process ({e})"
     if isinstance(e, GraderFailure):
@@ -3906,6 +3907,17 @@ def test_a_rerun_reproduces_a_real_record_and_not_a_made_up_one(default_runs, ca
     for recorded, again, status in [(0.5, 0.5 + RERUN_TOLERANCE, "passed"), (1.0, 0.0, "wrong")]:
         monkeypatch.setattr(sys.modules[__name__], "rerun", lambda r, s: (recorded, again))
         assert rerun_check(answers, 60)["status"] == status
+
+
+def test_a_message_is_filed_by_what_raised_it_never_by_its_words():
+    raised = lambda kind, message: student_error({"raised": [kind, "Exception", "BaseException", "object"],
+                                                  "message": message})
+    assert verdict(raised("ValueError", "MemoryError: pack() got a (3, 4) mask")) == \
+        ("crashes", "ValueError: MemoryError: pack() got a (3, 4) mask (raised by your code)")
+    assert verdict(WorkerGone("last output: MemoryError")) == ("crashes", "your code ended its process (last output: "
+                                                                         "MemoryError)")
+    status, message = verdict(raised("MemoryError", "a 3 GiB bytearray"))
+    assert status == "memory limit" and "a 3 GiB bytearray" in message
 
 
 def test_experiments_are_graded_on_the_runs_own_records():
