@@ -2457,6 +2457,10 @@ def write_handout(out, only=None, silent_bug=None, hidden_seed=None) -> list:
         raise ValueError(f"--out {out}: must be outside this repository (the reference is never overwritten)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {out}: is not empty (or not a directory); choose a new directory")
+    missing = [name for name in HANDOUT_FILES if not (src / name).is_file()]
+    if missing:
+        raise ValueError(f"{src} lacks {', '.join(missing)}: a grading installation holds only what grading needs; "
+                         "write handouts from a full copy of the course's repository")
     check_only(only, EXERCISES)
     if silent_bug not in (None, *SILENT_BUGS):
         raise ValueError(f"--silent-bug {silent_bug}: use one of {', '.join(SILENT_BUGS)}")
@@ -3907,6 +3911,13 @@ def test_a_rerun_reproduces_a_real_record_and_not_a_made_up_one(default_runs, ca
     for recorded, again, status in [(0.5, 0.5 + RERUN_TOLERANCE, "passed"), (1.0, 0.0, "wrong")]:
         monkeypatch.setattr(sys.modules[__name__], "rerun", lambda r, s: (recorded, again))
         assert rerun_check(answers, 60)["status"] == status
+
+
+def test_homework_from_a_grading_installation_says_what_it_lacks(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "REPO", installation(tmp_path))   # as the bundle's setup.sh lays it out
+    code, printed = course_here(capsys, "homework", "--out", tmp_path / "handout")
+    assert code == 2 and "README.md" in printed and "full copy of the course's repository" in printed, printed
+    assert not (tmp_path / "handout").exists()
 
 
 def test_a_message_is_filed_by_what_raised_it_never_by_its_words():
