@@ -2260,6 +2260,7 @@ import hashlib
 import inspect
 import os
 import random
+import shlex
 import shutil
 import socket
 import stat
@@ -3634,6 +3635,8 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
         z.extractall(root / "source")
     (root / "results").mkdir()
     run = (root / "source" / "run_autograder").read_text().replace("/autograder/", f"{root}/")
+    assert run.count("python3 agentic_rl.py") == 1, "the script runs the grader with Gradescope's python3"
+    run = run.replace("python3 agentic_rl.py", f"{shlex.quote(sys.executable)} agentic_rl.py")   # here: this test's
     reference, handout = root / "reference", root / "handout"
     reference.mkdir()
     for name in ("agentic_rl.py", "envs.py"):
