@@ -2250,8 +2250,9 @@ def test_hw(exercise, name, check_fn, hidden):
 #   bytes): never reference code or expected values. A piece that an exercise calls from another
 #   exercise (promotion calls sign_test_p) is answered by the grader, value by value;
 # - every verdict is reached in the grader's process; hidden checks carry half of each exercise's
-#   points and draw their inputs from the course's secret (--hidden-seed), so this public file is no
-#   answer key; the experiments are graded on the runs' own records.
+#   points and draw their inputs from the course's secret (AGENTIC_RL_HIDDEN_SEED, or the bundle's
+#   root-only hidden_seed.txt), so this public file is no answer key; the experiments are graded on
+#   the runs' own records.
 # ================================================================================================
 import argparse
 import fcntl
@@ -2426,6 +2427,21 @@ def function_spans(text: str) -> dict:
 
 
 
+SECRET_ENV = "AGENTIC_RL_HIDDEN_SEED"   # the course's secret: here, never on a command line, which every process reads
+MAKE_A_SECRET = 'python -c "import secrets; print(secrets.token_hex(16))"'
+
+
+def strong_secret(secret) -> str:
+    """The course's secret, refused below 128 bits (32 hexadecimal digits): a short one (4242) is found from a
+    single handout id by trying them all, and with it ids can be forged and hidden inputs computed."""
+    secret = str(secret).strip()
+    if not re.fullmatch(r"[0-9a-fA-F]{32,}", secret):
+        raise ValueError(f"the course's secret holds fewer than 128 bits (it must be 32 or more hexadecimal digits; it "
+                         f"has {len(secret)} characters): make one with {MAKE_A_SECRET} and put it in {SECRET_ENV} "
+                         "(a grading installation keeps it in hidden_seed.txt, readable by root only)")
+    return secret
+
+
 def handout_tag(secret: str, nonce: str, bug: str) -> str:
     """The handout's id names its planted bug only to whoever holds the course's secret."""
     return hashlib.sha256(f"{secret}|{nonce}|{bug}".encode()).hexdigest()[:16]
@@ -2452,7 +2468,7 @@ def check_only(only, ids):
 def write_handout(out, only=None, silent_bug=None, hidden_seed=None) -> list:
     """`homework --out DIR`: copy the project with the solution regions blanked, the hidden checks, the
     grader and the open exercises' answers left out, and (--silent-bug) one realistic bug planted; with
-    --hidden-seed, answers.json carries an id that names the bug to the grader only. Never in place."""
+    the course's secret, answers.json carries an id that names the bug to the grader only. Never in place."""
     src, out = REPO, Path(out).resolve()
     if out == src or src in out.parents:
         raise ValueError(f"--out {out}: must be outside this repository (the reference is never overwritten)")
@@ -2488,7 +2504,7 @@ def write_handout(out, only=None, silent_bug=None, hidden_seed=None) -> list:
         texts["test_agentic_rl.py"] = strip_marked(texts["test_agentic_rl.py"], "# {} TESTS THAT NAME A SILENT BUG")
         if hidden_seed:
             nonce = f"{random.SystemRandom().getrandbits(48):012x}"
-            handout_id = f"{nonce}-{handout_tag(hidden_seed, nonce, silent_bug)}"
+            handout_id = f"{nonce}-{handout_tag(strong_secret(hidden_seed), nonce, silent_bug)}"
     texts["answers.json"] = json.dumps(answers_template(handout_id), indent=2) + "\n"
     try:
         for name, text in texts.items():
@@ -3148,9 +3164,10 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
     if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and 1 <= time_limit <= 3600):
         raise ValueError(f"--time-limit {time_limit}: give the seconds per exercise, a number in [1, 3600]")
     check_only(only, [*EXERCISES, *EXPERIMENTS])
+    secret = hidden_seed or installation_file("hidden_seed.txt")
+    secret = secret and strong_secret(secret)
     submission = read_submission(directory)                    # everything, before any of its code runs
     answers, answers_problem = parse_answers(*submission["answers.json"])
-    secret = hidden_seed or installation_file("hidden_seed.txt")
     HIDDEN["seed"] = hidden_seed_of(secret)
     handout_bug = bug_of_handout(answers.get("handout", ""), secret) if answers else None
     key = {"silent_bug": silent_bug or handout_bug or installation_file("silent_bug.txt")}
@@ -3322,6 +3339,7 @@ def write_autograder(path, only=None, silent_bug=None, hidden_seed=None) -> list
     path = Path(path)
     if path.suffix != ".zip" or path.exists():
         raise ValueError(f"--autograder {path}: name a new .zip file")
+    hidden_seed = hidden_seed and strong_secret(hidden_seed)
     if silent_bug not in (None, *SILENT_BUGS):
         raise ValueError(f"--silent-bug {silent_bug}: use one of {', '.join(SILENT_BUGS)}")
     check_only(only, [*EXERCISES, *EXPERIMENTS])
@@ -3342,21 +3360,26 @@ def write_autograder(path, only=None, silent_bug=None, hidden_seed=None) -> list
     return list(members)
 
 
+SECRET_ON_THE_COMMAND_LINE = (f"--hidden-seed: a secret on the command line can be read by every process of the "
+                              f"machine, a student's code among them; put it in the environment ({SECRET_ENV}) or, in "
+                              "a grading installation, in hidden_seed.txt, readable by root only")
+
+
 def course_main(argv):
-    """`python agentic_rl.py homework ...` and `python agentic_rl.py grade ...`."""
+    """`python agentic_rl.py homework ...` and `python agentic_rl.py grade ...`; the course's secret comes
+    from the environment (AGENTIC_RL_HIDDEN_SEED) or the installation's hidden_seed.txt, never a flag."""
     parser = argparse.ArgumentParser(prog="agentic_rl.py", description="The course's machinery.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     p_hw = sub.add_parser("homework", help="write a student handout (or --autograder: Gradescope's zip)",
                           allow_abbrev=False)
     target = p_hw.add_mutually_exclusive_group(required=True)
     target.add_argument("--out", help="a new directory outside this repository, for the handout")
-    target.add_argument("--autograder", help="a new .zip: setup.sh, run_autograder and the grading installation")
+    target.add_argument("--autograder", help="a new .zip: setup.sh, run_autograder and the grading installation "
+                        f"(with the course's secret, from {SECRET_ENV})")
     p_hw.add_argument("--only", default=None, help=f"comma-separated exercise ids (default all: {', '.join(EXERCISES)})")
     p_hw.add_argument("--silent-bug", default=None, choices=("random",) + tuple(SILENT_BUGS),
-                      help="plant one of the silent bugs (E8); with --hidden-seed each handout's answers.json names "
-                           "it to the grader only")
-    p_hw.add_argument("--hidden-seed", default=None, help="the course's secret: hidden inputs, handout ids (or set "
-                      "AGENTIC_RL_HIDDEN_SEED: every user of a machine can read a command line)")
+                      help=f"plant one of the silent bugs (E8); with the course's secret ({SECRET_ENV}) each "
+                           "handout's answers.json names it to the grader only")
     p_grade = sub.add_parser("grade", help="grade a submission in a sandbox against this installation's checks",
                              allow_abbrev=False)
     p_grade.add_argument("dir", nargs="?", default=".", help="the submission directory (default: here)")
@@ -3364,29 +3387,31 @@ def course_main(argv):
     p_grade.add_argument("--json", default=None, help="also write Gradescope's results.json here")
     p_grade.add_argument("--time-limit", type=float, default=60.0, help="seconds per exercise (default 60)")
     p_grade.add_argument("--silent-bug", default=None, choices=tuple(SILENT_BUGS), help="the bug planted in the handout")
-    p_grade.add_argument("--hidden-seed", default=None, help="the course's secret (the bundle keeps it; or set "
-                         "AGENTIC_RL_HIDDEN_SEED, which a student's code cannot read, unlike a command line)")
     p_grade.add_argument("--rerun", type=float, default=0.0, help="seconds for E3's audit: one of its runs, chosen at "
                          f"random, trained again here (dev success within {RERUN_TOLERANCE}); 0 = off")
+    for p in (p_hw, p_grade):
+        p.add_argument("--hidden-seed", default=None, help=argparse.SUPPRESS)     # refused below, by name
     args = parser.parse_args(argv)
-    args.hidden_seed = args.hidden_seed or os.environ.get("AGENTIC_RL_HIDDEN_SEED")
+    if args.hidden_seed is not None:
+        parser.error(SECRET_ON_THE_COMMAND_LINE)
+    secret = os.environ.get(SECRET_ENV) or None
     only = args.only.split(",") if args.only else None
     t = time.time()
     try:
         if args.command == "homework":
             bug = random.choice(sorted(SILENT_BUGS)) if args.silent_bug == "random" else args.silent_bug
             if args.autograder:
-                print(f"wrote {args.autograder}: {', '.join(write_autograder(args.autograder, only, bug, args.hidden_seed))}")
+                print(f"wrote {args.autograder}: {', '.join(write_autograder(args.autograder, only, bug, secret))}")
             else:
-                blanked = write_handout(args.out, only, bug, args.hidden_seed)
+                blanked = write_handout(args.out, only, bug, secret)
                 print(f"wrote a handout to {args.out} with {len(blanked)} blanked exercises: {', '.join(blanked)}\n"
                       f"students: grep -n 'TODO(' *.py; python -m pytest -q -m homework")
-            if bug and not (args.hidden_seed and args.out):
+            if bug and not (secret and args.out):
                 print(f"the planted bug is {bug!r}: keep it from the students; grade with --silent-bug {bug}")
             return
         if args.rerun < 0 or not math.isfinite(args.rerun):
             raise ValueError(f"--rerun {args.rerun}: seconds for the audit, 0 (off) or more")
-        report = grade(args.dir, only, args.time_limit, args.silent_bug, args.hidden_seed, rerun_seconds=args.rerun)
+        report = grade(args.dir, only, args.time_limit, args.silent_bug, secret, rerun_seconds=args.rerun)
     except ValueError as e:
         parser.error(str(e))
     except Exception as e:                       # the grader's own failure: say so, in results.json too
@@ -3444,6 +3469,9 @@ def reference_answers() -> dict:
                       "why": "bootstrapping the task's own budget credits an episode that runs out of turns with V(s_K), "
                              "the value of a mid-repair state, so stalling costs nothing while a wrong commit costs its "
                              "0; the truncation rate climbs and the critic explains nothing. Valued 0, running out is an end"}}
+
+
+SECRET = "5e0f4c1b9a7d2e836f1c0b4a9d8e7f26"   # a course's secret for these tests (the README says how to make one)
 
 
 def course(*argv, cwd=REPO, check_exit=None):
@@ -3557,12 +3585,12 @@ def test_a_fresh_handout_scores_zero_leaks_nothing_and_round_trips(tmp_path):
     again = course("homework", "--out", tmp_path / "h2", cwd=out, check_exit=1)
     assert "this copy is a handout" in again.stderr
     planted = tmp_path / "planted"
-    write_handout(planted, silent_bug="one_group_per_batch", hidden_seed="s3cret")
+    write_handout(planted, silent_bug="one_group_per_batch", hidden_seed=SECRET)
     text = (planted / "agentic_rl.py").read_text()
     assert SILENT_BUGS["one_group_per_batch"][3] in text and "one_group_per_batch" not in text
     assert "SILENT BUG" not in (planted / "test_agentic_rl.py").read_text()
     handout_id = json.loads((planted / "answers.json").read_text())["handout"]
-    assert bug_of_handout(handout_id, "s3cret") == "one_group_per_batch" and bug_of_handout(handout_id, "other") is None
+    assert bug_of_handout(handout_id, SECRET) == "one_group_per_batch" and bug_of_handout(handout_id, "0" * 32) is None
     for bad, match in [(dict(out=out), "not empty"), (dict(out=REPO / "in-place"), "outside"),
                        (dict(out=tmp_path / "o", only=["nope"]), "unknown exercise"),
                        (dict(out=tmp_path / "file" / "x"), "--out")]:
@@ -3625,7 +3653,7 @@ def test_a_file_that_does_not_compile_costs_only_its_own_exercises(tmp_path, sha
 def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zero_and_fails_loudly(tmp_path):
     import zipfile
     bundle = tmp_path / "autograder.zip"
-    write_autograder(bundle, silent_bug="ratio_always_one", hidden_seed="course-secret")
+    write_autograder(bundle, silent_bug="ratio_always_one", hidden_seed=SECRET)
     root = tmp_path / "autograder"
     with zipfile.ZipFile(bundle) as z:
         assert set(z.namelist()) == {"setup.sh", "run_autograder", "agentic_rl.py", "envs.py", "test_agentic_rl.py",
@@ -3914,6 +3942,19 @@ def test_a_rerun_reproduces_a_real_record_and_not_a_made_up_one(default_runs, ca
     for recorded, again, status in [(0.5, 0.5 + RERUN_TOLERANCE, "passed"), (1.0, 0.0, "wrong")]:
         monkeypatch.setattr(sys.modules[__name__], "rerun", lambda r, s: (recorded, again))
         assert rerun_check(answers, 60)["status"] == status
+
+
+def test_a_weak_secret_or_one_on_the_command_line_is_refused_saying_how_to_make_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    for argv in (["homework", "--autograder", tmp_path / "a.zip", "--hidden-seed", SECRET],
+                 ["grade", tmp_path, "--hidden-seed", SECRET]):
+        code, printed = course_here(capsys, *argv)
+        assert code == 2 and SECRET_ENV in printed and SECRET not in printed, printed
+    monkeypatch.setenv(SECRET_ENV, "4242")
+    for argv in (["homework", "--autograder", tmp_path / "b.zip"], ["grade", tmp_path]):
+        code, printed = course_here(capsys, *argv)
+        assert code == 2 and "128 bits" in printed and MAKE_A_SECRET in printed and "4242" not in printed, printed
+    assert not (tmp_path / "b.zip").exists()
 
 
 def test_homework_from_a_grading_installation_says_what_it_lacks(tmp_path, capsys, monkeypatch):
