@@ -1992,19 +1992,23 @@ def run_record(run_dir) -> dict:
 
 def record_of(record, what, seed, **asked) -> dict:
     """The record's own settings must be the command asked for (these flags and the seed, every other
-    setting at its default but where the run goes), and its parts must agree with each other."""
+    setting at its default, eval_every included, but where the run goes and on which device), and its parts
+    must agree with each other."""
     summary, metrics = (record.get("summary"), record.get("metrics")) if isinstance(record, dict) else (None, None)
     assert isinstance(summary, dict) and isinstance(summary.get("config"), dict) and isinstance(metrics, list) and \
         all(isinstance(m, dict) for m in metrics), f"{what}: a run record is {{'summary': summary.json, 'metrics': " \
                                                    "[each line of metrics.jsonl]}} (run_record(RUN_DIR) makes one)"
     config, defaults = summary["config"], asdict(A.Config())
-    wanted = {**{k: v for k, v in defaults.items() if k not in ("run_dir", "overwrite", "device", "eval_every")},
-              **asked, "seed": seed}
+    wanted = {**{k: v for k, v in defaults.items() if k not in ("run_dir", "overwrite", "device")}, **asked, "seed": seed}
     wrong = {k: config.get(k) for k, v in wanted.items() if config.get(k) != v}
     assert not wrong, f"{what}: the run's settings are not the command asked for ({', '.join(f'{k}={v!r}' for k, v in asked.items()) or 'the defaults'}, seed {seed})\n  obtained {wrong}"
     curve = [round(m.get("success", -1), 4) for m in metrics]
     assert len(metrics) == config["iterations"] and curve == summary.get("train_success_curve"), \
         f"{what}: metrics.jsonl and summary.json disagree (iterations, or the training success per iteration)"
+    candidate = summary.get("candidate") if isinstance(summary.get("candidate"), dict) else {}
+    dev = candidate.get("dev_success")
+    assert type(dev) in (int, float) and 0 <= dev <= 1, f"{what}: summary.json's candidate dev_success is not a " \
+                                                        f"number in [0, 1]\n  obtained {dev!r}"
     return summary
 
 
@@ -3985,6 +3989,12 @@ def test_experiments_are_graded_on_the_runs_own_records():
              "clock_numbers_are_the_runs_own_records"),
             (lambda a: a["clock"]["runs"]["value_zero"][2]["summary"]["config"].update(iterations=10),
              "clock_numbers_are_the_runs_own_records"),
+            (lambda a: a["clock"]["runs"]["value_zero"][0]["summary"]["config"].update(eval_every="x"),
+             "clock_numbers_are_the_runs_own_records"),     # not a grader error in the audit: refused here, by name
+            (lambda a: a["silent_bug_runs"][4]["summary"]["config"].update(eval_every=1),
+             "silent_bug_answer_names_a_bug_and_carries_six_runs"),   # legal; a rerun would evaluate every iteration
+            (lambda a: a["silent_bug_runs"][1]["summary"]["candidate"].update(dev_success="1.0"),
+             "silent_bug_answer_names_a_bug_and_carries_six_runs"),
             (lambda a: a.update(silent_bug_evidence="clip_frac and approx_kl stay where they should not be in every "
                                                     "single run that I made with this handout, which shows the bug"),
              "silent_bug_answer_names_a_bug_and_carries_six_runs"),
