@@ -2062,9 +2062,9 @@ def silent_bug_answer_carries_the_runs_before_and_after_the_fix(answers, key):
 # BEGIN GRADER ONLY: the hidden checks, kept out of handouts
 @check("clock", hidden=True, table=EXPERIMENT_CHECKS)
 def clock_numbers_show_the_effect_the_reference_runs_show(answers, key):
-    """The reference's runs (README, E3, seeds 0, 1, 2): valuing the budget 0 reaches 1.000 on every seed,
-    bootstrapping it ends at 0.000-0.460, with or without the clock; thresholds leave room for other seeds and
-    another machine's numbers."""
+    """The reference's runs (README, E3; seeds 0, 1, 2, the only ones measured): valuing the budget 0 reaches
+    1.000 on every seed, bootstrapping it ends at 0.000-0.460, with or without the clock; the thresholds sit
+    well inside these numbers, to leave room for a student's own seeds and another machine."""
     clock_numbers_are_your_runs_own_records(answers, key)
     mean = {k: round(sum(answers["clock"][k]) / 3, 3) for k in CLOCK_SETTINGS}
     assert mean["value_zero"] >= 0.8 and mean["hidden_clock_value_zero"] >= 0.8, \
@@ -3271,8 +3271,8 @@ RECORD_CHECKS = {"clock": clock_numbers_are_your_runs_own_records.__name__,     
 
 def rerun(settings: dict, seconds: float, bug=None) -> dict:
     """Train again here, within `seconds`, with the reference (and `bug` planted, as in the student's
-    handout) and these settings (the ones that differ from the defaults, as record_of has checked them);
-    the new run's record."""
+    handout) and these settings (the seed and the flags the experiment asks for, which record_of has found
+    in the record; every other setting at its default); the new run's record."""
     flags = [part for name, value in settings.items() for part in
              [f"--{name.replace('_', '-')}"] + ([] if isinstance(value, bool) else [str(value)])]
     env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}      # the reference's training needs no secret
@@ -3373,6 +3373,7 @@ def suspicious(row: dict) -> bool:
 
 
 def unchecked(row: dict) -> bool:
+    """A rerun of this experiment could not finish: a TA may want to run it."""
     return any(c["status"] == "not checked" for c in row["checks"])
 
 
