@@ -2015,6 +2015,7 @@ CLOCK_SETTINGS = {"value_zero": {}, "bootstrap_budget": {"bootstrap_budget": Tru
                   "hidden_clock_value_zero": {"hide_clock": True},
                   "hidden_clock_bootstrap_budget": {"bootstrap_budget": True, "hide_clock": True}}
 E3_RUN, E8_RUNS = {"env": envs.CODE_ID, "algo": "gae"}, ({}, {"env": envs.CODE_ID, "algo": "gae"})  # on top of defaults
+README_SEEDS = [0, 1, 2]  # the seeds the README measured; a handout with an id carries its own (answers.json's "seeds")
 
 
 def run_record(run_dir) -> dict:
@@ -2025,70 +2026,81 @@ def run_record(run_dir) -> dict:
             "metrics": [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]}
 
 
+def your_seeds(key) -> list:
+    """The three seeds the experiments ask of this student (the grader's key says which, and why not when it
+    cannot know them)."""
+    assert key.get("seeds"), f"answers.json: {key.get('why') or 'the grader does not know your seeds'}"
+    return key["seeds"]
+
+
 def record_of(record, what, seed, **asked) -> dict:
     """The record's own settings must be the command asked for (these flags and the seed, every other
-    setting at its default but where the run goes), and its parts must agree with each other."""
+    setting at its default, eval_every included, but where the run goes and on which device), and its parts
+    must agree with each other."""
     summary, metrics = (record.get("summary"), record.get("metrics")) if isinstance(record, dict) else (None, None)
     assert isinstance(summary, dict) and isinstance(summary.get("config"), dict) and isinstance(metrics, list) and \
         all(isinstance(m, dict) for m in metrics), f"{what}: a run record is {{'summary': summary.json, 'metrics': " \
                                                    "[each line of metrics.jsonl]}} (run_record(RUN_DIR) makes one)"
     config, defaults = summary["config"], asdict(A.Config())
-    wanted = {**{k: v for k, v in defaults.items() if k not in ("run_dir", "overwrite", "device", "eval_every")},
-              **asked, "seed": seed}
+    wanted = {**{k: v for k, v in defaults.items() if k not in ("run_dir", "overwrite", "device")}, **asked, "seed": seed}
     wrong = {k: config.get(k) for k, v in wanted.items() if config.get(k) != v}
     assert not wrong, f"{what}: the run's settings are not the command asked for ({', '.join(f'{k}={v!r}' for k, v in asked.items()) or 'the defaults'}, seed {seed})\n  obtained {wrong}"
     curve = [round(m.get("success", -1), 4) for m in metrics]
     assert len(metrics) == config["iterations"] and curve == summary.get("train_success_curve"), \
         f"{what}: metrics.jsonl and summary.json disagree (iterations, or the training success per iteration)"
+    candidate = summary.get("candidate") if isinstance(summary.get("candidate"), dict) else {}
+    dev = candidate.get("dev_success")
+    assert type(dev) in (int, float) and 0 <= dev <= 1, f"{what}: summary.json's candidate dev_success is not a " \
+                                                        f"number in [0, 1]\n  obtained {dev!r}"
     return summary
 
 
 @check("clock", table=EXPERIMENT_CHECKS)
-def clock_reports_four_settings_over_three_seeds(answers, key):
+def clock_numbers_are_your_runs_own_records(answers, key):
+    seeds = your_seeds(key)
     clock = answers.get("clock") if isinstance(answers.get("clock"), dict) else {}
     got = {k: clock.get(k) for k in CLOCK_SETTINGS}
     assert all(isinstance(v, list) and len(v) == 3 and all(isinstance(x, (int, float)) and 0 <= x <= 1 for x in v)
                for v in got.values()), f"answers.json: clock must map each of {list(CLOCK_SETTINGS)} to the final " \
-                                       f"dev success of seeds 0, 1 and 2\n  obtained {got}"
+                                       f"dev success of your seeds {seeds}\n  obtained {got}"
     assert len(str(clock.get("why", "")).split()) >= 15, "answers.json: clock.why must explain the result (15 words or more)"
-
-
-@check("clock", table=EXPERIMENT_CHECKS)
-def clock_numbers_are_the_runs_own_records(answers, key):
-    clock_reports_four_settings_over_three_seeds(answers, key)
-    runs = answers["clock"].get("runs") if isinstance(answers["clock"].get("runs"), dict) else {}
+    runs = clock.get("runs") if isinstance(clock.get("runs"), dict) else {}
     for setting, flags in CLOCK_SETTINGS.items():
         records = runs.get(setting)
         assert isinstance(records, list) and len(records) == 3, \
-            f"answers.json: clock.runs.{setting} must hold the three runs' records (seeds 0, 1, 2)"
-        for seed, record in enumerate(records):
-            summary = record_of(record, f"clock.runs.{setting}[{seed}]", seed, **E3_RUN, **flags)
-            reported = answers["clock"][setting][seed]
+            f"answers.json: clock.runs.{setting} must hold the three runs' records (your seeds {seeds}, in order)"
+        for i, record in enumerate(records):
+            summary = record_of(record, f"clock.runs.{setting}[{i}]", seeds[i], **E3_RUN, **flags)
+            reported = clock[setting][i]
             assert abs(reported - summary["candidate"]["dev_success"]) <= 5e-4, \
-                f"answers.json: clock.{setting}[{seed}] = {reported}, but that run's summary.json says candidate " \
+                f"answers.json: clock.{setting}[{i}] = {reported}, but that run's summary.json says candidate " \
                 f"dev_success {summary['candidate']['dev_success']}"
 
 
 @check("silent_bug", table=EXPERIMENT_CHECKS)
-def silent_bug_answer_names_a_bug_and_carries_six_runs(answers, key):
+def silent_bug_answer_carries_the_runs_before_and_after_the_fix(answers, key):
+    seeds = your_seeds(key)
     named, evidence = answers.get("silent_bug"), str(answers.get("silent_bug_evidence", ""))[:5000]
-    assert isinstance(named, str) and named.strip(), "answers.json: silent_bug must name the bug you found"
+    assert isinstance(named, str) and named.strip(), "answers.json: silent_bug must say what the bug is and how you " \
+                                                     "fixed it"
     assert len(evidence.split()) >= 20 and any(k in evidence for k in MONITOR_KEYS) and re.search(r"\d", evidence), \
         "answers.json: silent_bug_evidence must be at least 20 words that cite a metric of metrics.jsonl (e.g. " \
         f"clip_frac) and its values in your runs\n  obtained {evidence!r}"
-    runs = answers.get("silent_bug_runs")
-    assert isinstance(runs, list) and len(runs) == 6, "answers.json: silent_bug_runs must hold six run records: " \
-                                                      "the demo and CodeRepair with gae, seeds 0, 1, 2 each"
-    for i, record in enumerate(runs):
-        record_of(record, f"silent_bug_runs[{i}]", i % 3, **E8_RUNS[i // 3])
+    for field, when in (("silent_bug_runs", "with the bug"), ("silent_bug_fixed_runs", "after your fix")):
+        runs = answers.get(field)
+        assert isinstance(runs, list) and len(runs) == 6, f"answers.json: {field} must hold six run records {when}: " \
+                                                          f"the demo and CodeRepair with gae, your seeds {seeds} each"
+        for i, record in enumerate(runs):
+            record_of(record, f"{field}[{i}]", seeds[i % 3], **E8_RUNS[i // 3])
 
 
 # BEGIN GRADER ONLY: the hidden checks, kept out of handouts
 @check("clock", hidden=True, table=EXPERIMENT_CHECKS)
 def clock_numbers_show_the_effect_the_reference_runs_show(answers, key):
-    """The reference's runs (README, E3): valuing the budget 0 reaches 1.000 on every seed, bootstrapping it
-    ends at 0.000-0.460, with or without the clock; thresholds leave room for another machine's numbers."""
-    clock_numbers_are_the_runs_own_records(answers, key)
+    """The reference's runs (README, E3; seeds 0, 1, 2, the only ones measured): valuing the budget 0 reaches
+    1.000 on every seed, bootstrapping it ends at 0.000-0.460, with or without the clock; the thresholds sit
+    well inside these numbers, to leave room for a student's own seeds and another machine."""
+    clock_numbers_are_your_runs_own_records(answers, key)
     mean = {k: round(sum(answers["clock"][k]) / 3, 3) for k in CLOCK_SETTINGS}
     assert mean["value_zero"] >= 0.8 and mean["hidden_clock_value_zero"] >= 0.8, \
         f"answers.json: with the budget valued 0 the reference reaches 1.000 on every seed\n  obtained means {mean}"
@@ -2101,25 +2113,16 @@ def clock_numbers_show_the_effect_the_reference_runs_show(answers, key):
         "answers.json: clock.why must say what the value after the budget does (bootstrap / V(s)) to the turns"
 
 
-@check("silent_bug", hidden=True, table=EXPERIMENT_CHECKS)
-def silent_bug_is_the_one_planted_in_this_handout(answers, key):
-    assert key["silent_bug"], "the grader was not told which bug was planted (grade --silent-bug ID, a handout id " \
-                              "with --hidden-seed, or the bundle's silent_bug.txt)"
-    assert answers.get("silent_bug") == key["silent_bug"], \
-        f"answers.json: silent_bug {answers.get('silent_bug')!r} is not the bug planted in this handout"
-
-
 def numbers_in(text: str) -> list:
     """(value, decimals shown) of every number written in a text."""
     return [(float(s), len(s.split(".")[1]) if "." in s else 0) for s in re.findall(r"(?<![\w.])\d+(?:\.\d+)?", text)]
 
 
 @check("silent_bug", hidden=True, table=EXPERIMENT_CHECKS)
-def silent_bug_evidence_is_the_runs_numbers_and_they_show_the_bug(answers, key):
+def silent_bug_evidence_quotes_the_runs_numbers(answers, key):
     """The evidence quotes, for every seed, a value (one iteration's, or the run's mean, to the digits
-    written) of a metric it names, read from that seed's records; and the planted bug's signature is in
-    the records of its environment on two seeds of three."""
-    silent_bug_answer_names_a_bug_and_carries_six_runs(answers, key)
+    written) of a metric it names, read from that seed's records with the bug."""
+    silent_bug_answer_carries_the_runs_before_and_after_the_fix(answers, key)
     evidence, runs = str(answers["silent_bug_evidence"])[:5000], answers["silent_bug_runs"]
     cited, written = [k for k in MONITOR_KEYS if re.search(rf"\b{k}\b", evidence)], numbers_in(evidence)
     for seed in range(3):
@@ -2127,11 +2130,24 @@ def silent_bug_evidence_is_the_runs_numbers_and_they_show_the_bug(answers, key):
                   [mean_of(runs[i]["metrics"], k) if all(isinstance(m.get(k), (int, float)) for m in runs[i]["metrics"])
                    else None] if isinstance(v, (int, float))]
         assert any(abs(v - x) <= (0.5 * 10 ** -d if d else 0) + 1e-12 for v in values for x, d in written), \
-            f"answers.json: silent_bug_evidence quotes no value of {cited or 'a metric'} that seed {seed}'s runs logged"
-    if key["silent_bug"] in SILENT_BUGS:
-        env_id, signature, holds = SILENT_BUGS[key["silent_bug"]][4]
-        seen = [holds(r["metrics"]) for r in runs if r["summary"]["config"]["env"] == env_id]
-        assert sum(seen) >= 2, f"the runs in silent_bug_runs do not show the planted bug's signature ({signature})"
+            f"answers.json: silent_bug_evidence quotes no value of {cited or 'a metric'} that your seed " \
+            f"{key['seeds'][seed]}'s runs logged"
+
+
+@check("silent_bug", hidden=True, table=EXPERIMENT_CHECKS)
+def silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not(answers, key):
+    """What running shows, whatever the answer calls the bug (a handout can be diffed against the public
+    repository): the planted bug's signature is in the runs of its environment with the bug on two seeds of
+    three, and in the same runs after the fix on one at most."""
+    silent_bug_answer_carries_the_runs_before_and_after_the_fix(answers, key)
+    assert key["silent_bug"] in SILENT_BUGS, key.get("why") or "the grader was not told which bug was planted " \
+        "(grade --silent-bug ID, the bundle's silent_bug.txt, or a handout id with the course's secret)"
+    env_id, signature, holds = SILENT_BUGS[key["silent_bug"]][4]
+    before, after = ([holds(r["metrics"]) for r in answers[field] if r["summary"]["config"]["env"] == env_id]
+                     for field in ("silent_bug_runs", "silent_bug_fixed_runs"))
+    assert sum(before) >= 2, f"the runs in silent_bug_runs do not show the planted bug's signature ({signature})"
+    assert sum(after) <= 1, f"the runs in silent_bug_fixed_runs still show the planted bug's signature ({signature}): " \
+                            "the bug is not fixed"
 
 
 @check("mask", hidden=True)
@@ -2285,16 +2301,19 @@ def test_hw(exercise, name, check_fn, hidden):
 #   bytes): never reference code or expected values. A piece that an exercise calls from another
 #   exercise (promotion calls sign_test_p) is answered by the grader, value by value;
 # - every verdict is reached in the grader's process; hidden checks carry half of each exercise's
-#   points and draw their inputs from the course's secret (--hidden-seed), so this public file is no
-#   answer key; the experiments are graded on the runs' own records.
+#   points and draw their inputs from the course's secret (AGENTIC_RL_HIDDEN_SEED, or the bundle's
+#   root-only hidden_seed.txt), so this public file is no answer key; the experiments are graded on
+#   the runs' own records, made with seeds drawn for each student, and audited by training them again.
 # ================================================================================================
 import argparse
 import fcntl
 import functools
 import hashlib
+import hmac
 import inspect
 import os
 import random
+import shlex
 import shutil
 import socket
 import stat
@@ -2460,21 +2479,84 @@ def function_spans(text: str) -> dict:
 
 
 
-def handout_tag(secret: str, nonce: str, bug: str) -> str:
-    """The handout's id names its planted bug only to whoever holds the course's secret."""
-    return hashlib.sha256(f"{secret}|{nonce}|{bug}".encode()).hexdigest()[:16]
+SECRET_ENV = "AGENTIC_RL_HIDDEN_SEED"   # the course's secret: here, never on a command line, which every process reads
+MAKE_A_SECRET = 'python -c "import secrets; print(secrets.token_hex(16))"'
 
 
-def bug_of_handout(handout, secret):
-    """The bug planted in the handout whose id ('nonce-tag') a submission carries, or None."""
+def strong_secret(secret) -> str:
+    """The course's secret, refused below 128 bits (32 hexadecimal digits): a short one (4242) is found from a
+    single handout id by trying them all, and with it ids can be forged and hidden inputs computed."""
+    secret = str(secret).strip()
+    if not re.fullmatch(r"[0-9a-fA-F]{32,}", secret):
+        raise ValueError(f"the course's secret holds fewer than 128 bits (it must be 32 or more hexadecimal digits; it "
+                         f"has {len(secret)} characters): make one with {MAKE_A_SECRET} and put it in {SECRET_ENV} "
+                         "(a grading installation keeps it in hidden_seed.txt, readable by root only)")
+    return secret
+
+
+def student_name(student) -> str:
+    """A student as an id binds them: their name or email, case and spacing aside."""
+    return " ".join(str(student).split()).casefold()
+
+
+def mac(secret: str, *parts) -> bytes:
+    """HMAC-SHA256 of these parts, keyed by the course's secret: without it nobody can compute one."""
+    return hmac.new(secret.encode(), json.dumps(parts).encode(), hashlib.sha256).digest()
+
+
+def handout_tag(secret: str, nonce: str, student: str, bug: str) -> str:
+    """The handout id's tag: it names the student and the planted bug ('' for none) only to whoever holds the
+    course's secret, and nobody without it can make one."""
+    return mac(secret, "handout", nonce, student_name(student), bug).hex()[:16]
+
+
+def experiment_seeds(secret: str, nonce: str, student: str) -> list:
+    """The three seeds of a student's experiments (E3, E8): distinct, in [3, 100000), drawn from the secret and
+    the handout, so that no published number (the README measured 0, 1, 2) and no classmate's answers them."""
+    seeds, draw = [], 0
+    while len(seeds) < 3:
+        seed = 3 + int.from_bytes(mac(secret, "seeds", nonce, student_name(student), draw)[:8], "big") % 99_997
+        seeds += [] if seed in seeds else [seed]
+        draw += 1
+    return seeds
+
+
+def new_handout(secret: str, student: str, bug) -> tuple:
+    """(id, seeds) of a handout made for one student: 'nonce-tag', bound to them and to its planted bug."""
+    nonce = f"{random.SystemRandom().getrandbits(48):012x}"
+    return f"{nonce}-{handout_tag(secret, nonce, student, bug or '')}", experiment_seeds(secret, nonce, student)
+
+
+def issued_to(handout, secret: str, students) -> tuple:
+    """(student, planted bug or '') of the handout whose id a submission carries, if this course issued it to
+    one of `students`; else None."""
     nonce, _, tag = str(handout).partition("-")
-    return next((bug for bug in SILENT_BUGS if secret and handout_tag(secret, nonce, bug) == tag), None)
+    return next(((s, bug) for s in students for bug in ("", *SILENT_BUGS)
+                 if hmac.compare_digest(handout_tag(secret, nonce, s, bug), tag)), None)
 
 
-def answers_template(handout_id=None) -> dict:
-    """answers.json as a handout ships it: the keys the graded experiments (E3, E8) fill in."""
-    return {**({"handout": handout_id} if handout_id else {}), "silent_bug": "", "silent_bug_evidence": "",
-            "silent_bug_runs": [], "clock": {**{k: [] for k in CLOCK_SETTINGS}, "why": "", "runs": {}}}
+def answer_key(answers: dict, secret, students, silent_bug) -> dict:
+    """What the experiments are graded against: this student's seeds and the bug planted in their handout,
+    read from its id with the course's secret and their name; "why" says what is missing when they cannot be
+    known. Without a secret (practice, no ids) the seeds are the README's and the bug is the grader's flag."""
+    if not secret:
+        return {"seeds": README_SEEDS, "silent_bug": silent_bug or installation_file("silent_bug.txt"), "why": ""}
+    handout = answers.get("handout")
+    found = issued_to(handout, secret, students) if isinstance(handout, str) else None
+    if found is None:
+        return {"seeds": None, "silent_bug": None, "why": "answers.json carries no handout id issued to you by this "
+                "course: keep the \"handout\" your answers.json came with (a classmate's id, or an edited one, does "
+                "not verify; each student's experiments have seeds of their own)"}
+    student, bug = found
+    return {"seeds": experiment_seeds(secret, handout.partition("-")[0], student), "silent_bug": bug or None, "why": ""}
+
+
+def answers_template(handout_id=None, seeds=README_SEEDS) -> dict:
+    """answers.json as a handout ships it: the keys the graded experiments (E3, E8) fill in, and the seeds
+    they ask for."""
+    return {**({"handout": handout_id} if handout_id else {}), "seeds": list(seeds), "silent_bug": "",
+            "silent_bug_evidence": "", "silent_bug_runs": [], "silent_bug_fixed_runs": [],
+            "clock": {**{k: [] for k in CLOCK_SETTINGS}, "why": "", "runs": {}}}
 
 
 def check_only(only, ids):
@@ -2483,18 +2565,39 @@ def check_only(only, ids):
         raise ValueError(f"--only {sorted(unknown)}: unknown exercise; use {', '.join(ids)}")
 
 
-def write_handout(out, only=None, silent_bug=None, hidden_seed=None) -> list:
+def plant(text: str, bug: str) -> str:
+    """agentic_rl.py's text with a silent bug planted: its line, in its function, replaced (once)."""
+    _, function, written, planted, _ = SILENT_BUGS[bug]
+    start, end = function_spans(text)[function]
+    lines = text.splitlines(keepends=True)
+    body = "".join(lines[start - 1:end])
+    if body.count(written) != 1:
+        raise ValueError(f"--silent-bug {bug}: its line is not in {function}() exactly once")
+    return "".join(lines[:start - 1]) + body.replace(written, planted) + "".join(lines[end:])
+
+
+def write_handout(out, only=None, silent_bug=None, hidden_seed=None, student=None) -> list:
     """`homework --out DIR`: copy the project with the solution regions blanked, the hidden checks, the
     grader and the open exercises' answers left out, and (--silent-bug) one realistic bug planted; with
-    --hidden-seed, answers.json carries an id that names the bug to the grader only. Never in place."""
+    --student and the course's secret, answers.json carries an id bound to that student, which names the bug
+    to the grader only, and the experiments' seeds drawn from it. Never in place."""
     src, out = REPO, Path(out).resolve()
     if out == src or src in out.parents:
         raise ValueError(f"--out {out}: must be outside this repository (the reference is never overwritten)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {out}: is not empty (or not a directory); choose a new directory")
+    missing = [name for name in HANDOUT_FILES if not (src / name).is_file()]
+    if missing:
+        raise ValueError(f"{src} lacks {', '.join(missing)}: a grading installation holds only what grading needs; "
+                         "write handouts from a full copy of the course's repository")
     check_only(only, EXERCISES)
     if silent_bug not in (None, *SILENT_BUGS):
         raise ValueError(f"--silent-bug {silent_bug}: use one of {', '.join(SILENT_BUGS)}")
+    if student is not None and not (student_name(student) and hidden_seed):
+        raise ValueError(f"--student {student!r}: an id bound to a student needs their name or email and the course's "
+                         f"secret in {SECRET_ENV} (make one with {MAKE_A_SECRET})")
+    handout_id, seeds = (None, README_SEEDS) if student is None else new_handout(strong_secret(hidden_seed), student,
+                                                                                 silent_bug)
     blanked, texts = [], {}
     for name in HANDOUT_FILES:
         texts[name] = (src / name).read_text()
@@ -2506,20 +2609,10 @@ def write_handout(out, only=None, silent_bug=None, hidden_seed=None) -> list:
     if not blanked:
         raise ValueError(f"{src}: no solution regions found (is this already a handout?)")
     blanked = [ex for ex in blanked if only is None or ex in only]
-    handout_id = None
     if silent_bug:
-        _, function, written, planted, _ = SILENT_BUGS[silent_bug]
-        start, end = function_spans(texts["agentic_rl.py"])[function]
-        lines = texts["agentic_rl.py"].splitlines(keepends=True)
-        body = "".join(lines[start - 1:end])
-        if body.count(written) != 1:
-            raise ValueError(f"--silent-bug {silent_bug}: its line is not in {function}() exactly once")
-        texts["agentic_rl.py"] = "".join(lines[:start - 1]) + body.replace(written, planted) + "".join(lines[end:])
+        texts["agentic_rl.py"] = plant(texts["agentic_rl.py"], silent_bug)
         texts["test_agentic_rl.py"] = strip_marked(texts["test_agentic_rl.py"], "# {} TESTS THAT NAME A SILENT BUG")
-        if hidden_seed:
-            nonce = f"{random.SystemRandom().getrandbits(48):012x}"
-            handout_id = f"{nonce}-{handout_tag(hidden_seed, nonce, silent_bug)}"
-    texts["answers.json"] = json.dumps(answers_template(handout_id), indent=2) + "\n"
+    texts["answers.json"] = json.dumps(answers_template(handout_id, seeds), indent=2) + "\n"
     try:
         for name, text in texts.items():
             (out / name).parent.mkdir(parents=True, exist_ok=True)
@@ -3080,17 +3173,18 @@ def files_for(ex: str, submission: dict):
 
 
 def verdict(e: Exception) -> tuple:
-    """(status, message) for what a check raised: a blank, a wrong value, a stop, or a crash; and
-    the grader's own failure, which is never the student's."""
-    memory = isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "MemoryError" in str(e)
+    """(status, message) for what a check raised, told apart by the kind of exception, never by the words
+    of its message: a blank, a wrong value, a stop, or a crash; and the grader's own failure, which is never
+    the student's."""
     if isinstance(e, NotImplementedError):
         return "not started", str(e)
     if isinstance(e, AssertionError):
         return "wrong", str(e)
     if isinstance(e, GradeTimeout):
         return "time limit", "stopped at the time limit: an endless loop, or far too slow"
-    if memory and (getattr(e, "from_student", 0) or isinstance(e, WorkerGone)):
-        return "memory limit", f"stopped at the memory limit ({MEMORY_LIMIT >> 20} MiB more than torch itself)"
+    if isinstance(e, MemoryError) and getattr(e, "from_student", False):
+        return "memory limit", f"stopped at the memory limit ({MEMORY_LIMIT >> 20} MiB more than torch itself): " \
+                               f"{type(e).__name__}: {e}"
     if isinstance(e, WorkerGone):
         return "crashes", f"your code ended its process ({e})"
     if isinstance(e, GraderFailure):
@@ -3166,71 +3260,114 @@ def installation_file(name: str):
 
 
 def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, hidden_seed=None,
-          user=SANDBOX_USER, memory: int = MEMORY_LIMIT, rerun_seconds: float = 0.0) -> dict:
+          user=SANDBOX_USER, memory: int = MEMORY_LIMIT, rerun_seconds: float = 0.0, students=()) -> dict:
     """Grade a submission: its agentic_rl.py, envs.py and answers.json, read first; each exercise in
     a fresh sandboxed worker within time_limit seconds, against this installation's checks; every
-    verdict reached here. Returns {exercise: {"points", "checks": [{"name", "hidden", "status",
-    "message"}]}} with "~sandbox" (what the workers ran as) once every process is gone."""
+    verdict reached here; the experiments against the key of the student's handout (students: whom its id
+    may be bound to), and audited with rerun_seconds. Returns {exercise: {"points", "checks": [{"name",
+    "hidden", "status", "message"}]}} with "~sandbox" (what the workers ran as) once every process is gone."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ValueError(f"{directory}: no such directory; name the folder that holds the submission")
     if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and 1 <= time_limit <= 3600):
         raise ValueError(f"--time-limit {time_limit}: give the seconds per exercise, a number in [1, 3600]")
     check_only(only, [*EXERCISES, *EXPERIMENTS])
+    secret = hidden_seed or installation_file("hidden_seed.txt")
+    secret = secret and strong_secret(secret)
     submission = read_submission(directory)                    # everything, before any of its code runs
     answers, answers_problem = parse_answers(*submission["answers.json"])
-    secret = hidden_seed or installation_file("hidden_seed.txt")
+    experiments = [ex for ex in EXPERIMENTS if only is None or ex in only]
+    if secret and experiments and answers and isinstance(answers.get("handout"), str) and not students:
+        raise ValueError("answers.json carries a handout id, which is bound to a student: say whose submission this "
+                         "is (grade --student NAME, or --metadata with Gradescope's submission_metadata.json)")
     HIDDEN["seed"] = hidden_seed_of(secret)
-    handout_bug = bug_of_handout(answers.get("handout", ""), secret) if answers else None
-    key = {"silent_bug": silent_bug or handout_bug or installation_file("silent_bug.txt")}
+    key = answer_key(answers, secret, students, silent_bug) if answers else None
     report = {}
     with Sandbox(user, memory) as sandbox:
         for ex in (e for e in EXERCISES if only is None or e in only):
             report[ex] = grade_exercise(sandbox, ex, files_for(ex, submission), time_limit)
-    for ex in (e for e in EXPERIMENTS if only is None or e in only):
+    for ex in experiments:
         report[ex] = {"points": EXPERIMENTS[ex], "checks": []}
         for check_ex, name, check, hidden in EXPERIMENT_CHECKS:
             if check_ex == ex:
                 status, message = ("not started", answers_problem) if answers is None else run_check(check, answers, key)
                 report[ex]["checks"].append({"name": name, "hidden": hidden, "status": status, "message": message})
-    if rerun_seconds and "clock" in report and report["clock"]["checks"][1]["status"] == "passed":
-        report["clock"]["checks"].append(rerun_check(answers, rerun_seconds))
+    if rerun_seconds:
+        audit(report, answers, key, rerun_seconds)
     report["~sandbox"] = f"{sandbox.note}, {getattr(sandbox, 'network', 'no worker started')}"
     return report
 
 
-RERUN_TOLERANCE = 0.1   # dev success: the same seed on the same machine gives the same number, another machine
-                        # may differ by a few tasks, a made-up record by much more
+RERUN_TOLERANCE = 0.1   # dev success, and training success over the run: the same seed on the same machine gives the
+                        # same numbers, another machine may differ by a few tasks, a made-up record by much more
+RECORD_CHECKS = {"clock": clock_numbers_are_your_runs_own_records.__name__,     # an experiment's runs are audited once
+                 "silent_bug": silent_bug_answer_carries_the_runs_before_and_after_the_fix.__name__}  # these pass
 
 
-def rerun(record: dict, seconds: float) -> tuple:
-    """A spot check that a record is a real run: train again here, with the reference and the record's
-    own settings, within `seconds`. Returns (recorded, rerun) candidate dev success."""
-    import subprocess
-    config, defaults = record["summary"]["config"], asdict(A.Config())
-    flags = []
-    for name, value in config.items():
-        if name in defaults and name not in ("run_dir", "overwrite", "device", "resume") and value != defaults[name]:
-            flags += [f"--{name.replace('_', '-')}"] + ([] if isinstance(value, bool) else [str(value)])
+def rerun(settings: dict, seconds: float, bug=None) -> dict:
+    """Train again here, within `seconds`, with the reference (and `bug` planted, as in the student's
+    handout) and these settings (the seed and the flags the experiment asks for, which record_of has found
+    in the record; every other setting at its default); the new run's record."""
+    flags = [part for name, value in settings.items() for part in
+             [f"--{name.replace('_', '-')}"] + ([] if isinstance(value, bool) else [str(value)])]
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}      # the reference's training needs no secret
     with tempfile.TemporaryDirectory() as folder:
-        subprocess.run([sys.executable, str(REPO / "agentic_rl.py"), "train", *flags, "--device", "cpu", "--run-dir",
-                        f"{folder}/run"], capture_output=True, timeout=seconds, check=True)
-        again = json.loads(Path(f"{folder}/run/summary.json").read_text())["candidate"]["dev_success"]
-    return record["summary"]["candidate"]["dev_success"], again
+        script = REPO / "agentic_rl.py"
+        if bug:
+            script = Path(folder) / "agentic_rl.py"
+            script.write_text(plant((REPO / "agentic_rl.py").read_text(), bug))
+            shutil.copy(REPO / "envs.py", Path(folder) / "envs.py")
+        subprocess.run([sys.executable, str(script), "train", *flags, "--device", "cpu", "--run-dir", f"{folder}/run"],
+                       capture_output=True, timeout=seconds, check=True, cwd=folder, env=env)
+        return run_record(f"{folder}/run")
 
 
-def rerun_check(answers, seconds: float) -> dict:
-    """E3's audit (grade --rerun SECONDS): one of the twelve records, chosen at random, trained again."""
-    setting, seed = random.choice(list(CLOCK_SETTINGS)), random.randrange(3)
-    check = {"name": f"rerun_of_clock_{setting}_seed_{seed}_reproduces_its_record", "hidden": True}
+def audited_runs(ex: str, answers: dict, key: dict) -> list:
+    """(where in answers.json, record, its settings, the bug its code had) of each run an audit may train
+    again: E3's twelve (the reference), E8's six with the bug (the reference with the handout's bug planted,
+    when the grader knows it) and six after the fix (the reference)."""
+    seeds = key["seeds"]
+    if ex == "clock":
+        return [(f"clock.runs.{setting}[{i}]", answers["clock"]["runs"][setting][i], {**E3_RUN, **flags, "seed": seeds[i]},
+                 None) for setting, flags in CLOCK_SETTINGS.items() for i in range(3)]
+    parts = [("silent_bug_runs", key["silent_bug"])] if key["silent_bug"] else []   # their code needs the bug known
+    parts.append(("silent_bug_fixed_runs", None))
+    return [(f"{field}[{i}]", answers[field][i], {**E8_RUNS[i // 3], "seed": seeds[i % 3]}, bug)
+            for field, bug in parts for i in range(6)]
+
+
+def rerun_check(where: str, record: dict, settings: dict, bug, seconds: float) -> dict:
+    """One record trained again: passed when the rerun's candidate dev success and mean training success are
+    each within RERUN_TOLERANCE of the record's; "not checked" when the grader cannot finish the rerun."""
+    check = {"name": f"rerun_of_{re.sub(r'[^0-9a-z]+', '_', where).strip('_')}_reproduces_its_record", "hidden": True}
     try:
-        recorded, again = rerun(answers["clock"]["runs"][setting][seed], seconds)
-    except Exception as e:
-        return {**check, "status": "grader error", "message": f"the rerun did not finish ({type(e).__name__})"}
-    ok = abs(recorded - again) <= RERUN_TOLERANCE
-    return {**check, "status": "passed" if ok else "wrong", "message": "" if ok else
-            f"clock.runs.{setting}[{seed}] records dev success {recorded}; trained again here: {again} (tolerance "
-            f"{RERUN_TOLERANCE})"}
+        again = rerun(settings, seconds, bug)
+    except Exception as e:                              # the grader's time or machine, never the student's doing
+        return {**check, "status": "not checked", "message": f"the grader could not finish this rerun "
+                f"({type(e).__name__}): not checked, no points lost; a TA may give --rerun more seconds"}
+    read = lambda r: (r["summary"]["candidate"]["dev_success"], mean_of(r["metrics"], "success"))
+    differ = [f"{what} {mine:.3f} in the record, {theirs:.3f} trained again here" for what, mine, theirs in
+              zip(("candidate dev success", "mean training success"), read(record), read(again))
+              if abs(mine - theirs) > RERUN_TOLERANCE]
+    return {**check, "status": "wrong" if differ else "passed", "message": f"{where} (seed {settings['seed']}): "
+            f"{'; '.join(differ)} (tolerance {RERUN_TOLERANCE})" if differ else ""}
+
+
+def audit(report: dict, answers: dict, key: dict, seconds: float) -> None:
+    """grade --rerun SECONDS: each experiment whose records pass their checks gets an equal share of the
+    seconds; one of its runs, chosen at random, is trained again, then more in random order while what is
+    left of the share is at least what the last one took. Each rerun is a hidden check of its experiment."""
+    shares = [ex for ex, check in RECORD_CHECKS.items() if ex in report and
+              any(c["name"] == check and c["status"] == "passed" for c in report[ex]["checks"])]
+    for ex in shares:
+        runs, deadline, last = audited_runs(ex, answers, key), time.monotonic() + seconds / len(shares), 0.0
+        for n, (where, record, settings, bug) in enumerate(random.sample(runs, len(runs))):
+            left = deadline - time.monotonic()
+            if n and left < last:
+                break
+            started = time.monotonic()
+            report[ex]["checks"].append(rerun_check(where, record, settings, bug, left))
+            last = time.monotonic() - started
 
 
 HIDDEN = {"seed": 0}  # the course's secret as a number; 0 = the public default
@@ -3245,11 +3382,16 @@ def exercises(report: dict) -> dict:
     return {ex: row for ex, row in report.items() if not ex.startswith("~")}
 
 
+def counted(row: dict) -> list:
+    """The checks that count: a rerun the grader could not finish ("not checked") costs the student nothing."""
+    return [c for c in row["checks"] if c["status"] != "not checked"]
+
+
 def score(row: dict, hidden=None) -> tuple:
     """(points earned, points possible) of an exercise (or of its hidden / visible checks): the
-    visible checks share half its points and the hidden ones the other half, each check of a half
-    alike, so hard-coding what the handout shows earns half at most."""
-    halves = [[c for c in row["checks"] if c["hidden"] == h] for h in (False, True)]
+    visible checks share half its points and the hidden ones the other half, each counted check of a
+    half alike, so hard-coding what the handout shows earns half at most."""
+    halves = [[c for c in counted(row) if c["hidden"] == h] for h in (False, True)]
     earned = possible = 0.0
     for h, part in zip((False, True), halves):
         if part and hidden in (None, h):
@@ -3261,11 +3403,17 @@ def score(row: dict, hidden=None) -> tuple:
 
 def suspicious(row: dict) -> bool:
     """Every visible check passes and a hidden one does not: hard-coded answers, for a TA to look at."""
-    visible, hidden = ([c["status"] == "passed" for c in row["checks"] if c["hidden"] == h] for h in (False, True))
+    visible, hidden = ([c["status"] == "passed" for c in counted(row) if c["hidden"] == h] for h in (False, True))
     return bool(visible) and all(visible) and not all(hidden)
 
 
+def unchecked(row: dict) -> bool:
+    """A rerun of this experiment could not finish: a TA may want to run it."""
+    return any(c["status"] == "not checked" for c in row["checks"])
+
+
 SUSPICIOUS = "visible checks pass, hidden checks fail: a TA should read this code (hard-coded answers?)"
+NOT_CHECKED = "a rerun the grader could not finish is not checked (no points lost): a TA may rerun it"
 
 
 def print_grade(report: dict) -> bool:
@@ -3277,8 +3425,8 @@ def print_grade(report: dict) -> bool:
         passed = sum(c["status"] == "passed" for c in row["checks"])
         worst = next((c for c in row["checks"] if c["status"] != "passed"), None)
         print(f"{ex:<16}{earned:>7.1f} / {possible:<5.1f} {passed:>3}/{len(row['checks']):<3}  "
-              f"{'ok' if worst is None else worst['status'] + ': ' + worst['name']}" + (f"  [{SUSPICIOUS}]" if
-                                                                                         suspicious(row) else ""))
+              f"{'ok' if worst is None else worst['status'] + ': ' + worst['name']}" +
+              (f"  [{SUSPICIOUS}]" if suspicious(row) else "") + (f"  [{NOT_CHECKED}]" if unchecked(row) else ""))
     for ex, row in rows.items():
         for c in row["checks"]:
             if c["status"] not in ("passed", "not started"):
@@ -3298,7 +3446,8 @@ def gradescope_results(report: dict, seconds: float) -> dict:
             part = [c for c in row["checks"] if c["hidden"] == hidden]
             if part:
                 earned, possible = score(row, hidden)
-                flag = f"\n{SUSPICIOUS}" if hidden and suspicious(row) else ""
+                flag = (f"\n{SUSPICIOUS}" if hidden and suspicious(row) else "") + \
+                    (f"\n{NOT_CHECKED}" if hidden and unchecked(row) else "")
                 tests.append({"name": f"{ex} ({'hidden' if hidden else 'visible'} checks)",
                               "number": f"{number}.{int(hidden) + 1}", "score": round(earned, 2),
                               "max_score": round(possible, 2), "visibility": "after_published" if hidden else "visible",
@@ -3334,7 +3483,8 @@ AUTOGRADER_RUN = """#!/usr/bin/env bash
 # Gradescope runs this for every submission, as root; the student's files are in /autograder/submission.
 cd /autograder/source
 rm -f /autograder/results/results.json
-python3 agentic_rl.py grade /autograder/submission --json /autograder/results/results.json{only}
+python3 agentic_rl.py grade /autograder/submission --metadata /autograder/submission_metadata.json \\
+  --json /autograder/results/results.json{only}
 status=$?
 if [ ! -s /autograder/results/results.json ]; then
   echo "run_autograder: the grader wrote no results.json (exit $status): a grader failure, not the student's" >&2
@@ -3346,11 +3496,13 @@ fi
 def write_autograder(path, only=None, silent_bug=None, hidden_seed=None) -> list:
     """`homework --autograder OUT.zip`: Gradescope's bundle, setup.sh and run_autograder at its root
     with the grading installation (the reference, every check, the secret); it grades --only's
-    exercises when given."""
+    exercises when given, each submission against the handout ids of its submitters (Gradescope's
+    submission_metadata.json)."""
     import zipfile
     path = Path(path)
     if path.suffix != ".zip" or path.exists():
         raise ValueError(f"--autograder {path}: name a new .zip file")
+    hidden_seed = hidden_seed and strong_secret(hidden_seed)
     if silent_bug not in (None, *SILENT_BUGS):
         raise ValueError(f"--silent-bug {silent_bug}: use one of {', '.join(SILENT_BUGS)}")
     check_only(only, [*EXERCISES, *EXPERIMENTS])
@@ -3371,51 +3523,90 @@ def write_autograder(path, only=None, silent_bug=None, hidden_seed=None) -> list
     return list(members)
 
 
+def gradescope_students(path) -> list:
+    """The submitters' emails in Gradescope's submission_metadata.json (several for a group): a handout id
+    must be bound to one of them."""
+    try:
+        emails = [user["email"] for user in json.loads(Path(path).read_text())["users"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--metadata {path}: cannot read the submitters' emails (users[].email) from it "
+                         f"({type(e).__name__}); name Gradescope's submission_metadata.json") from None
+    if not emails or not all(isinstance(e, str) and student_name(e) for e in emails):
+        raise ValueError(f"--metadata {path}: its users carry no email to bind a handout id to")
+    return emails
+
+
+SECRET_ON_THE_COMMAND_LINE = (f"--hidden-seed: a secret on the command line can be read by every process of the "
+                              f"machine, a student's code among them; put it in the environment ({SECRET_ENV}) or, in "
+                              "a grading installation, in hidden_seed.txt, readable by root only")
+
+
 def course_main(argv):
-    """`python agentic_rl.py homework ...` and `python agentic_rl.py grade ...`."""
+    """`python agentic_rl.py homework ...` and `python agentic_rl.py grade ...`; the course's secret comes
+    from the environment (AGENTIC_RL_HIDDEN_SEED) or the installation's hidden_seed.txt, never a flag."""
     parser = argparse.ArgumentParser(prog="agentic_rl.py", description="The course's machinery.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     p_hw = sub.add_parser("homework", help="write a student handout (or --autograder: Gradescope's zip)",
                           allow_abbrev=False)
     target = p_hw.add_mutually_exclusive_group(required=True)
     target.add_argument("--out", help="a new directory outside this repository, for the handout")
-    target.add_argument("--autograder", help="a new .zip: setup.sh, run_autograder and the grading installation")
+    target.add_argument("--autograder", help="a new .zip: setup.sh, run_autograder and the grading installation "
+                        f"(with the course's secret, from {SECRET_ENV})")
     p_hw.add_argument("--only", default=None, help=f"comma-separated exercise ids (default all: {', '.join(EXERCISES)})")
     p_hw.add_argument("--silent-bug", default=None, choices=("random",) + tuple(SILENT_BUGS),
-                      help="plant one of the silent bugs (E8); with --hidden-seed each handout's answers.json names "
-                           "it to the grader only")
-    p_hw.add_argument("--hidden-seed", default=None, help="the course's secret: hidden inputs, handout ids (or set "
-                      "AGENTIC_RL_HIDDEN_SEED: every user of a machine can read a command line)")
+                      help="plant one of the silent bugs (E8); with --student the handout's id names it to the grader "
+                           "only")
+    p_hw.add_argument("--student", default=None, help=f"bind the handout to this student (their email, as Gradescope "
+                      f"knows it): answers.json carries an id and the experiments' seeds, made with the course's "
+                      f"secret ({SECRET_ENV})")
     p_grade = sub.add_parser("grade", help="grade a submission in a sandbox against this installation's checks",
                              allow_abbrev=False)
     p_grade.add_argument("dir", nargs="?", default=".", help="the submission directory (default: here)")
     p_grade.add_argument("--only", default=None, help="comma-separated exercise ids (default: all)")
     p_grade.add_argument("--json", default=None, help="also write Gradescope's results.json here")
     p_grade.add_argument("--time-limit", type=float, default=60.0, help="seconds per exercise (default 60)")
-    p_grade.add_argument("--silent-bug", default=None, choices=tuple(SILENT_BUGS), help="the bug planted in the handout")
-    p_grade.add_argument("--hidden-seed", default=None, help="the course's secret (the bundle keeps it; or set "
-                         "AGENTIC_RL_HIDDEN_SEED, which a student's code cannot read, unlike a command line)")
-    p_grade.add_argument("--rerun", type=float, default=0.0, help="seconds for E3's audit: one of its runs, chosen at "
-                         f"random, trained again here (dev success within {RERUN_TOLERANCE}); 0 = off")
+    p_grade.add_argument("--silent-bug", default=None, choices=tuple(SILENT_BUGS),
+                         help="the bug planted in the handouts (those without an id)")
+    whose = p_grade.add_mutually_exclusive_group()
+    whose.add_argument("--student", default=None, help="whose submission this is: its handout id must be bound to them")
+    whose.add_argument("--metadata", default=None, help="Gradescope's submission_metadata.json: the handout id must be "
+                       "bound to one of its submitters (the bundle's run_autograder passes it)")
+    p_grade.add_argument("--rerun", type=float, default=0.0, help="seconds for the audit: E3's and E8's runs, one of "
+                         "each chosen at random (more while the seconds last), trained again here (dev success and "
+                         f"mean training success within {RERUN_TOLERANCE}); 0 = off")
+    for p in (p_hw, p_grade):
+        p.add_argument("--hidden-seed", default=None, help=argparse.SUPPRESS)     # refused below, by name
     args = parser.parse_args(argv)
-    args.hidden_seed = args.hidden_seed or os.environ.get("AGENTIC_RL_HIDDEN_SEED")
+    if args.hidden_seed is not None:
+        parser.error(SECRET_ON_THE_COMMAND_LINE)
+    secret = os.environ.get(SECRET_ENV) or None
     only = args.only.split(",") if args.only else None
     t = time.time()
     try:
         if args.command == "homework":
             bug = random.choice(sorted(SILENT_BUGS)) if args.silent_bug == "random" else args.silent_bug
             if args.autograder:
-                print(f"wrote {args.autograder}: {', '.join(write_autograder(args.autograder, only, bug, args.hidden_seed))}")
+                if args.student:
+                    raise ValueError("--student: a handout is made for a student (--out), the bundle grades them all")
+                print(f"wrote {args.autograder}: {', '.join(write_autograder(args.autograder, only, bug, secret))}")
             else:
-                blanked = write_handout(args.out, only, bug, args.hidden_seed)
+                blanked = write_handout(args.out, only, bug, secret, args.student)
                 print(f"wrote a handout to {args.out} with {len(blanked)} blanked exercises: {', '.join(blanked)}\n"
                       f"students: grep -n 'TODO(' *.py; python -m pytest -q -m homework")
-            if bug and not (args.hidden_seed and args.out):
+            if args.student:
+                print(f"its answers.json carries an id bound to {args.student!r}: grade with --student (Gradescope: "
+                      "the submitter's email)" + (", and the id tells the grader which bug was planted" if bug else ""))
+            elif bug:
                 print(f"the planted bug is {bug!r}: keep it from the students; grade with --silent-bug {bug}")
+            if args.out and secret and not args.student:
+                print("no --student: this handout carries no id, so a grader holding the course's secret cannot "
+                      "grade its experiments (make one per student: homework --out DIR --student NAME)")
             return
         if args.rerun < 0 or not math.isfinite(args.rerun):
             raise ValueError(f"--rerun {args.rerun}: seconds for the audit, 0 (off) or more")
-        report = grade(args.dir, only, args.time_limit, args.silent_bug, args.hidden_seed, rerun_seconds=args.rerun)
+        students = gradescope_students(args.metadata) if args.metadata else [args.student] if args.student else []
+        report = grade(args.dir, only, args.time_limit, args.silent_bug, secret, rerun_seconds=args.rerun,
+                       students=students)
     except ValueError as e:
         parser.error(str(e))
     except Exception as e:                       # the grader's own failure: say so, in results.json too
@@ -3458,21 +3649,28 @@ def fake_record(seed, dev, metric=None, **asked):
                         "train_success_curve": [m["success"] for m in metrics]}, "metrics": metrics}
 
 
-def reference_answers() -> dict:
-    """answers.json as the reference would write it, for the handout with ratio_always_one: the README's
-    measured E3 numbers and E8's signature, in records of the runs' shape."""
+def reference_answers(seeds=README_SEEDS, handout=None) -> dict:
+    """answers.json as the reference would write it, for a handout with ratio_always_one: the README's
+    measured E3 numbers and E8's signature, in records of the runs' shape made with these seeds (the README's
+    own, by default: the numbers a student could copy)."""
     clock = {"value_zero": [1.0, 1.0, 1.0], "bootstrap_budget": [0.46, 0.0, 0.0],
              "hidden_clock_value_zero": [1.0, 1.0, 1.0], "hidden_clock_bootstrap_budget": [0.0, 0.43, 0.0]}
-    return {"silent_bug": "ratio_always_one",
+    return {**({"handout": handout} if handout else {}), "seeds": list(seeds),
+            "silent_bug": "ratio_always_one: ppo_step_loss passed logprobs.detach() as the old log-probs; it now "
+                          "passes the log-probs recorded when the episodes were sampled",
             "silent_bug_evidence": "clip_frac and approx_kl are exactly 0 in every iteration of seed 0, seed 1 and "
                                    "seed 2, while a healthy run logs a clip_frac near 0.0015: the ratio never leaves 1",
-            "silent_bug_runs": [fake_record(i % 3, 1.0, {"clip_frac": 0.0, "approx_kl": 0.0} if i < 3 else None,
+            "silent_bug_runs": [fake_record(seeds[i % 3], 1.0, {"clip_frac": 0.0, "approx_kl": 0.0} if i < 3 else None,
                                             **E8_RUNS[i // 3]) for i in range(6)],
-            "clock": {**clock, "runs": {k: [fake_record(s, v, **E3_RUN, **CLOCK_SETTINGS[k]) for s, v in enumerate(vals)]
-                                        for k, vals in clock.items()},
+            "silent_bug_fixed_runs": [fake_record(seeds[i % 3], 1.0, None, **E8_RUNS[i // 3]) for i in range(6)],
+            "clock": {**clock, "runs": {k: [fake_record(seeds[s], v, **E3_RUN, **CLOCK_SETTINGS[k])
+                                            for s, v in enumerate(vals)] for k, vals in clock.items()},
                       "why": "bootstrapping the task's own budget credits an episode that runs out of turns with V(s_K), "
                              "the value of a mid-repair state, so stalling costs nothing while a wrong commit costs its "
                              "0; the truncation rate climbs and the critic explains nothing. Valued 0, running out is an end"}}
+
+
+SECRET = "5e0f4c1b9a7d2e836f1c0b4a9d8e7f26"   # a course's secret for these tests (the README says how to make one)
 
 
 def course(*argv, cwd=REPO, check_exit=None):
@@ -3586,12 +3784,15 @@ def test_a_fresh_handout_scores_zero_leaks_nothing_and_round_trips(tmp_path):
     again = course("homework", "--out", tmp_path / "h2", cwd=out, check_exit=1)
     assert "this copy is a handout" in again.stderr
     planted = tmp_path / "planted"
-    write_handout(planted, silent_bug="one_group_per_batch", hidden_seed="s3cret")
+    write_handout(planted, silent_bug="one_group_per_batch", hidden_seed=SECRET, student="Ana@uni.example")
     text = (planted / "agentic_rl.py").read_text()
     assert SILENT_BUGS["one_group_per_batch"][3] in text and "one_group_per_batch" not in text
     assert "SILENT BUG" not in (planted / "test_agentic_rl.py").read_text()
-    handout_id = json.loads((planted / "answers.json").read_text())["handout"]
-    assert bug_of_handout(handout_id, "s3cret") == "one_group_per_batch" and bug_of_handout(handout_id, "other") is None
+    answers = json.loads((planted / "answers.json").read_text())
+    assert issued_to(answers["handout"], SECRET, ["ana@uni.example "]) == ("ana@uni.example ", "one_group_per_batch")
+    assert issued_to(answers["handout"], "0" * 32, ["ana@uni.example"]) is None
+    assert answer_key(answers, SECRET, ["ana@uni.example"], None)["seeds"] == answers["seeds"] and \
+        not set(answers["seeds"]) & set(README_SEEDS), "the seeds the handout names are the grader's, not the README's"
     for bad, match in [(dict(out=out), "not empty"), (dict(out=REPO / "in-place"), "outside"),
                        (dict(out=tmp_path / "o", only=["nope"]), "unknown exercise"),
                        (dict(out=tmp_path / "file" / "x"), "--out")]:
@@ -3654,7 +3855,7 @@ def test_a_file_that_does_not_compile_costs_only_its_own_exercises(tmp_path, sha
 def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zero_and_fails_loudly(tmp_path):
     import zipfile
     bundle = tmp_path / "autograder.zip"
-    write_autograder(bundle, silent_bug="ratio_always_one", hidden_seed="course-secret")
+    write_autograder(bundle, silent_bug="ratio_always_one", hidden_seed=SECRET)
     root = tmp_path / "autograder"
     with zipfile.ZipFile(bundle) as z:
         assert set(z.namelist()) == {"setup.sh", "run_autograder", "agentic_rl.py", "envs.py", "test_agentic_rl.py",
@@ -3663,16 +3864,20 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
         assert "torch==2.13.0" in setup and "go-rwx" in setup and "useradd" in setup and "--break-system-packages\"" in setup
         z.extractall(root / "source")
     (root / "results").mkdir()
+    (root / "submission_metadata.json").write_text(json.dumps({"users": [{"email": "ana@uni.example", "id": 1}]}))
     run = (root / "source" / "run_autograder").read_text().replace("/autograder/", f"{root}/")
+    assert run.count("python3 agentic_rl.py") == 1, "the script runs the grader with Gradescope's python3"
+    run = run.replace("python3 agentic_rl.py", f"{shlex.quote(sys.executable)} agentic_rl.py")   # here: this test's
     reference, handout = root / "reference", root / "handout"
     reference.mkdir()
     for name in ("agentic_rl.py", "envs.py"):
         shutil.copy(REPO / name, reference / name)
-    (reference / "answers.json").write_text(json.dumps(reference_answers()))
+    handout_id, seeds = new_handout(SECRET, "ana@uni.example", "ratio_always_one")      # the submitter's own
+    (reference / "answers.json").write_text(json.dumps(reference_answers(seeds, handout_id)))
     write_handout(handout)
     scores = {}
     for name, submission in (("reference", reference), ("handout", handout)):
-        done = subprocess.run(["bash", "-c", run.replace(f"{root}/submission", str(submission))], capture_output=True,
+        done = subprocess.run(["bash", "-c", run.replace(f"{root}/submission ", f"{submission} ")], capture_output=True,
                               text=True)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         scores[name] = json.loads((root / "results" / "results.json").read_text())
@@ -3688,7 +3893,7 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
             assert t["max_score"] == pytest.approx(0.5 * dict(EXERCISES, **{k: (v,) for k, v in EXPERIMENTS.items()})[
                 t["name"].split()[0]][0]), "visible and hidden checks carry half the points each"
     (root / "source" / "agentic_rl.py").write_text("import sys\nsys.exit(7)\n")   # a grader that writes nothing
-    done = subprocess.run(["bash", "-c", run.replace(f"{root}/submission", str(handout))], capture_output=True, text=True)
+    done = subprocess.run(["bash", "-c", run.replace(f"{root}/submission ", f"{handout} ")], capture_output=True, text=True)
     assert done.returncode == 1 and "wrote no results.json" in done.stderr
     write_autograder(tmp_path / "two.zip", only=["gae", "clock"])
     with zipfile.ZipFile(tmp_path / "two.zip") as z:
@@ -3934,36 +4139,170 @@ def test_hidden_inputs_come_from_the_course_secret():
     assert hidden_seed_of("") == 0 and hidden_seed_of(None) == 0
 
 
-def test_a_rerun_reproduces_a_real_record_and_not_a_made_up_one(default_runs, capsys, monkeypatch):
+def settings_of(record) -> dict:
+    """A record's settings as the audit passes them to rerun(): the seed and those that differ from the defaults."""
+    defaults = asdict(A.Config())
+    return {k: v for k, v in record["summary"]["config"].items()
+            if k in defaults and k not in ("run_dir", "device") and (k == "seed" or v != defaults[k])}
+
+
+def test_a_rerun_reproduces_a_real_record_and_trains_the_code_of_the_records_handout(default_runs, monkeypatch):
     record = run_record(default_runs / "runs" / "flightbooking-grpo-s0")    # `train` + TINY_FLAGS, run in this process
-    assert rerun(record, 300) == (record["summary"]["candidate"]["dev_success"],) * 2, "a real record reproduces"
-    answers = {"clock": {"runs": {k: [record] * 3 for k in CLOCK_SETTINGS}}}
-    for recorded, again, status in [(0.5, 0.5 + RERUN_TOLERANCE, "passed"), (1.0, 0.0, "wrong")]:
-        monkeypatch.setattr(sys.modules[__name__], "rerun", lambda r, s: (recorded, again))
-        assert rerun_check(answers, 60)["status"] == status
+    assert rerun_check("clock.runs.value_zero[0]", record, settings_of(record), None, 300)["status"] == "passed", \
+        "a real record reproduces (trained again for real, with the reference)"
+    trained = {}
+
+    def train(argv, **kwargs):             # where a rerun with the handout's bug trains: what code, and a run
+        trained["code"] = Path(argv[1]).read_text()
+        shutil.copytree(default_runs / "runs" / "flightbooking-grpo-s0", argv[argv.index("--run-dir") + 1])
+    monkeypatch.setattr(subprocess, "run", train)
+    rerun(settings_of(record), 300, bug="ratio_always_one")
+    assert trained["code"] == plant((REPO / "agentic_rl.py").read_text(), "ratio_always_one") != \
+        (REPO / "agentic_rl.py").read_text(), "a record made with the bug is trained again with the bug"
+
+
+def answers_folder(tmp_path, answers, name="sub") -> Path:
+    """A submission holding only answers.json (the experiments read nothing else)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "answers.json").write_text(json.dumps(answers))
+    return folder
+
+
+def trained_again(answers, bug, dev=None):
+    """A stand-in for rerun(), which trains for minutes: the record in `answers` made with the settings (and
+    the bug) asked for, given back as a real rerun on this machine gives it, or with another dev success
+    (E8's fixed CodeRepair runs have the settings of E3's value_zero runs: here, the same records)."""
+    made = {(json.dumps(settings_of(r), sort_keys=True), b): r for records, b in
+            [(answers["silent_bug_runs"], bug), (answers["silent_bug_fixed_runs"], None),
+             *[(records, None) for records in answers["clock"]["runs"].values()]] for r in records}
+
+    def rerun(settings, seconds, bug=None):
+        record = made[json.dumps(settings, sort_keys=True), bug]
+        return {"summary": {"candidate": {"dev_success": record["summary"]["candidate"]["dev_success"] if dev is None
+                                          else dev}}, "metrics": record["metrics"]}
+    return rerun
+
+
+def test_the_audit_reruns_e3_and_e8_and_a_rerun_it_cannot_finish_costs_nothing(tmp_path, monkeypatch, shared_sandbox):
+    answers = reference_answers()
+    submission, experiments = answers_folder(tmp_path, answers), dict(only=["clock", "silent_bug"],
+                                                                       silent_bug="ratio_always_one", rerun_seconds=60)
+
+    def cannot_finish(settings, seconds, bug=None):
+        raise subprocess.TimeoutExpired("train", seconds)
+    monkeypatch.setattr(sys.modules[__name__], "rerun", cannot_finish)
+    report = exercises(grade(submission, **experiments))
+    for ex, row in report.items():
+        assert score(row) == (EXPERIMENTS[ex], EXPERIMENTS[ex]) and unchecked(row) and not suspicious(row), row
+    results = {t["name"]: t for t in gradescope_results(report, 1.0)["tests"]}
+    assert NOT_CHECKED in results["clock (hidden checks)"]["output"] and SUSPICIOUS not in json.dumps(results)
+    monkeypatch.setattr(sys.modules[__name__], "rerun", trained_again(answers, "ratio_always_one"))
+    report = exercises(grade(submission, **experiments))
+    reruns = {ex: [c["status"] for c in row["checks"] if c["name"].startswith("rerun_of_")] for ex, row in report.items()}
+    assert reruns == {"clock": ["passed"] * 12, "silent_bug": ["passed"] * 12}, "quick reruns: every record, in turn"
+    monkeypatch.setattr(sys.modules[__name__], "rerun", trained_again(answers, "ratio_always_one", dev=0.5))
+    report = exercises(grade(submission, **experiments))
+    assert all(score(row)[0] < EXPERIMENTS[ex] and suspicious(row) for ex, row in report.items()), \
+        "a record that a rerun does not reproduce costs its check"
+
+
+def test_each_student_has_their_own_seeds_and_bug_and_the_readmes_numbers_score_zero(tmp_path, capsys, monkeypatch,
+                                                                                       shared_sandbox):
+    write_handout(tmp_path / "alice", only=["kl_k3"], silent_bug="ratio_always_one", hidden_seed=SECRET,
+                  student="alice@uni.example")
+    issued = json.loads((tmp_path / "alice" / "answers.json").read_text())
+    honest = reference_answers(issued["seeds"], issued["handout"])       # records of runs made with her seeds
+    copied = reference_answers(README_SEEDS, issued["handout"])          # the README's numbers, its seeds 0, 1, 2
+    forged = dict(honest, handout=issued["handout"][:-1] + ("0" if issued["handout"][-1] != "0" else "1"))
+
+    def total(name, answers, *students) -> float:
+        report = grade(answers_folder(tmp_path, answers, name), only=["clock", "silent_bug"], hidden_seed=SECRET,
+                       students=students)
+        return sum(score(row)[0] for row in exercises(report).values())
+    assert total("honest", honest, "Alice@uni.example") == sum(EXPERIMENTS.values())
+    assert total("copied", copied, "alice@uni.example") == 0, "the README's records answer nobody's seeds"
+    assert total("forged", forged, "alice@uni.example") == 0
+    bobs_id, bobs_seeds = new_handout(SECRET, "bob@uni.example", "ratio_always_one")
+    assert total("bobs_id", dict(honest, handout=bobs_id), "bob@uni.example") == 0, "her records answer his id's seeds"
+    assert total("bobs_own", reference_answers(bobs_seeds, bobs_id), "bob@uni.example") == sum(EXPERIMENTS.values())
+    monkeypatch.setenv(SECRET_ENV, SECRET)                  # bob hands in alice's id, bug and records
+    code, printed = course_here(capsys, "grade", answers_folder(tmp_path, honest, "bob"), "--only", "clock,silent_bug",
+                                "--student", "bob@uni.example", "--json", tmp_path / "bob.json")
+    bob = json.loads((tmp_path / "bob.json").read_text())
+    assert code == 1 and bob["score"] == 0 and "no handout id issued to you" in printed
+    assert "silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not" in printed
+    with pytest.raises(ValueError, match="--student NAME"):
+        total("nobody", honest)                             # an id, and nobody to check it against
+
+
+def test_a_weak_secret_or_one_on_the_command_line_is_refused_saying_how_to_make_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    for argv in (["homework", "--autograder", tmp_path / "a.zip", "--hidden-seed", SECRET],
+                 ["grade", tmp_path, "--hidden-seed", SECRET]):
+        code, printed = course_here(capsys, *argv)
+        assert code == 2 and SECRET_ENV in printed and SECRET not in printed, printed
+    monkeypatch.setenv(SECRET_ENV, "4242")
+    for argv in (["homework", "--autograder", tmp_path / "b.zip"], ["homework", "--out", tmp_path / "h", "--student", "ana"],
+                 ["grade", tmp_path]):
+        code, printed = course_here(capsys, *argv)
+        assert code == 2 and "128 bits" in printed and MAKE_A_SECRET in printed and "4242" not in printed, printed
+    assert not (tmp_path / "b.zip").exists() and not (tmp_path / "h").exists()
+
+
+def test_homework_from_a_grading_installation_says_what_it_lacks(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "REPO", installation(tmp_path))   # as the bundle's setup.sh lays it out
+    code, printed = course_here(capsys, "homework", "--out", tmp_path / "handout")
+    assert code == 2 and "README.md" in printed and "full copy of the course's repository" in printed, printed
+    assert not (tmp_path / "handout").exists()
+
+
+def test_a_message_is_filed_by_what_raised_it_never_by_its_words():
+    raised = lambda kind, message: student_error({"raised": [kind, "Exception", "BaseException", "object"],
+                                                  "message": message})
+    assert verdict(raised("ValueError", "MemoryError: pack() got a (3, 4) mask")) == \
+        ("crashes", "ValueError: MemoryError: pack() got a (3, 4) mask (raised by your code)")
+    assert verdict(WorkerGone("last output: MemoryError")) == ("crashes", "your code ended its process (last output: "
+                                                                         "MemoryError)")
+    status, message = verdict(raised("MemoryError", "a 3 GiB bytearray"))
+    assert status == "memory limit" and "a 3 GiB bytearray" in message
 
 
 def test_experiments_are_graded_on_the_runs_own_records():
-    key = {"silent_bug": "ratio_always_one"}
-    run = lambda answers: {name: run_check(fn, answers, key)[0] for _, name, fn, _ in EXPERIMENT_CHECKS}
-    assert set(run(reference_answers()).values()) == {"passed"}
-    for change, failing in [
-            (lambda a: a["clock"]["value_zero"].__setitem__(1, 0.9), "clock_numbers_are_the_runs_own_records"),
+    key = {"silent_bug": "ratio_always_one", "seeds": README_SEEDS, "why": ""}
+    run = lambda answers, key=key: {name: run_check(fn, answers, key) for _, name, fn, _ in EXPERIMENT_CHECKS}
+    assert {s for s, _ in run(reference_answers()).values()} == {"passed"}
+    renamed = dict(reference_answers(), silent_bug="one_group_per_batch")
+    assert {s for s, _ in run(renamed).values()} == {"passed"}, "naming the bug earns nothing: the runs do"
+    assert run(reference_answers(), dict(key, silent_bug="one_group_per_batch"))[
+        "silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not"][0] == "wrong"
+    records = "clock_numbers_are_your_runs_own_records", "silent_bug_answer_carries_the_runs_before_and_after_the_fix"
+    for change, failing, said in [
+            (lambda a: a["clock"]["value_zero"].__setitem__(1, 0.9), records[0], "dev_success"),
             (lambda a: a["clock"]["runs"]["bootstrap_budget"][0]["summary"]["config"].update(bootstrap_budget=False),
-             "clock_numbers_are_the_runs_own_records"),
-            (lambda a: a["clock"]["runs"]["value_zero"][2]["summary"]["config"].update(iterations=10),
-             "clock_numbers_are_the_runs_own_records"),
+             records[0], "bootstrap_budget"),
+            (lambda a: a["clock"]["runs"]["value_zero"][2]["summary"]["config"].update(iterations=10), records[0],
+             "iterations"),
+            (lambda a: a["clock"]["runs"]["value_zero"][0]["summary"]["config"].update(eval_every="x"), records[0],
+             "eval_every"),                                 # not a grader error in the audit: refused here, by name
+            (lambda a: a["silent_bug_fixed_runs"][4]["summary"]["config"].update(eval_every=1), records[1],
+             "eval_every"),                                 # legal, and a rerun would evaluate every iteration
+            (lambda a: a["silent_bug_runs"][1]["summary"]["candidate"].update(dev_success="1.0"), records[1],
+             "dev_success"),
             (lambda a: a.update(silent_bug_evidence="clip_frac and approx_kl stay where they should not be in every "
                                                     "single run that I made with this handout, which shows the bug"),
-             "silent_bug_answer_names_a_bug_and_carries_six_runs"),
+             records[1], "silent_bug_evidence"),
             (lambda a: a.update(silent_bug_evidence=a["silent_bug_evidence"].replace("exactly 0", "exactly 0.25")
                                 .replace("seed 0, seed 1 and seed 2", "seeds A, B, C").replace("0.0015", "")),
-             "silent_bug_evidence_is_the_runs_numbers_and_they_show_the_bug"),
+             "silent_bug_evidence_quotes_the_runs_numbers", "quotes no value"),
             (lambda a: [m.update(clip_frac=0.002) for r in a["silent_bug_runs"] for m in r["metrics"]],
-             "silent_bug_evidence_is_the_runs_numbers_and_they_show_the_bug"),
-            (lambda a: a.update(silent_bug="one_group_per_batch"), "silent_bug_is_the_one_planted_in_this_handout")]:
+             "silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not", "do not show"),
+            (lambda a: [m.update(clip_frac=0.0, approx_kl=0.0) for r in a["silent_bug_fixed_runs"] for m in r["metrics"]],
+             "silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not", "not fixed")]:
         answers = reference_answers()
         change(answers)
         verdicts = run(answers)
-        assert verdicts[failing] == "wrong", (failing, verdicts)
+        assert verdicts[failing][0] == "wrong" and said in verdicts[failing][1], (failing, verdicts)
+
+
 # END GRADER ONLY
