@@ -2105,8 +2105,10 @@ display:inline-block;min-width:170px;margin:3px;padding:4px 8px;border-radius:6p
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf")
 
 
-def esc(x) -> str:
-    return html.escape(str(x), quote=True)
+def esc(x, fmt: str = "") -> str:
+    """x as page text, escaped for attributes too, a float by fmt: every value a page did not compute goes through here,
+    numbers included (a file's "number" may be markup), but a chart's coordinates (line_chart computes with them)."""
+    return html.escape(format(x, fmt) if isinstance(x, float) else str(x), quote=True)
 
 
 def write_page(path, flag: str, title: str, *sections) -> Path:
@@ -2197,7 +2199,7 @@ def gates_html(summary: dict) -> str:
     rows = report_card_rows(cols)
     card = table(["report card", ""] + list(cols), [[esc(x) for x in (g, label, *vals)] for g, _, label, vals in rows],
                  [f" data-row='{esc(k)}'" for _, k, _, _ in rows])
-    num = lambda x: "&ndash;" if x is None else esc(f"{x:.4g}" if isinstance(x, float) else x)
+    num = lambda x: "&ndash;" if x is None else esc(x, ".4g")
     checks = table(["release gate", "value", "rule", "observed", "limit", "verdict"],
                    [[esc(g["gate"]), esc(g["value"]), esc(g["rule"]), num(g["observed"]), num(g["limit"]),
                      "<span class='pass'>pass</span>" if g["passed"] else "<span class='fail'>FAIL</span>"]
@@ -2224,10 +2226,10 @@ def episode_html(ep: Episode, tok: Tokenizer, adv, scale: float, max_turns: int,
         lines.append(f"<div class='turn'><span class='k'>t{k}</span>{''.join(map(span, t.obs_tokens))}{acts}{gate}"
                      f"<span class='note'>{max_turns - k} left, reward {t.reward:g}"
                      + ("" if a is None else f", advantage {a:+.2f}") + "</span></div>")
-    end = "terminated" if ep.terminated else f"truncated by {ep.truncated_by}"
+    end = esc("terminated" if ep.terminated else f"truncated by {ep.truncated_by}")
     lines.append(f"<div class='turn'><span class='k'>end</span>{''.join(map(span, ep.final_obs_tokens))}"
                  f"<span class='note'><b>{end}</b>, return {ep.reward:g}</span></div>")
-    return f"<div class='episode' data-ending='{esc(end)}'><b>{esc(caption)}</b>{''.join(lines)}</div>"
+    return f"<div class='episode' data-ending='{end}'><b>{esc(caption)}</b>{''.join(lines)}</div>"
 
 
 def episodes_html(policy, tok, cfg: Config, version: int, part: str = "test") -> str:
@@ -2242,10 +2244,10 @@ def episodes_html(policy, tok, cfg: Config, version: int, part: str = "test") ->
         if credit is not None else 1.0
     legend = (f"<p class='sub'><span class='tok ctx'>context</span> prompt, observations and gate messages "
               f"(mask 0) &nbsp; <span class='tok act'>policy<small>-0.05</small></span> the policy's own tokens (mask 1) "
-              f"with their old log-prob<br>each turn's advantage under {cfg.algo}: {-scale:+.2f}<span class='scale'></span>"
-              f"{scale:+.2f}" + ("" if credit is not None else f" ({cfg.algo} uses no advantage)") + "</p>")
+              f"with their old log-prob<br>each turn's advantage under {esc(cfg.algo)}: {-scale:+.2f}<span class='scale'></span>"
+              f"{scale:+.2f}" + ("" if credit is not None else f" ({esc(cfg.algo)} uses no advantage)") + "</p>")
     return (f"<h2>Three episodes of the deployed policy</h2><p class='sub'>{part} task {task_id}, a group of "
-            f"{cfg.group_size} sampled episodes ({sum(v.success for v in verdicts)} solved), temperature 1</p>" + legend
+            f"{esc(cfg.group_size)} sampled episodes ({sum(v.success for v in verdicts)} solved), temperature 1</p>" + legend
             + "".join(episode_html(episodes[b], tok, None if credit is None else credit[b], scale,
                                    env_list[b].unwrapped.max_turns, f"episode {b}: success={verdicts[b].success}, "
                                    f"category {verdicts[b].category}") for b in order))
@@ -2253,10 +2255,11 @@ def episodes_html(policy, tok, cfg: Config, version: int, part: str = "test") ->
 
 def write_report(path, policy, tok, cfg: Config, version: int, history=None, summary=None) -> Path:
     """report.html: curves (metrics.jsonl), report card and gates (summary.json), three episodes."""
-    head = f"<p class='sub'>{esc(cfg.env)} &middot; {esc(cfg.algo)} &middot; seed {cfg.seed} &middot; run {esc(cfg.run_dir)}</p>"
-    if summary:
-        head += (f"<p>deployed: <b>{summary['deployed']['is']}</b>, test success <b>{summary['deployed']['test_success']:.3f}</b>"
-                 f" (warm start {summary['warm_start']['test_success']:.3f}), {summary['wall_seconds']} s</p>")
+    head = f"<p class='sub'>{' &middot; '.join(map(esc, (cfg.env, cfg.algo, f'seed {cfg.seed}', f'run {cfg.run_dir}')))}</p>"
+    if summary:  # summary.json as the file holds it (show --html reads it back): escaped, numbers too
+        head += (f"<p>deployed: <b>{esc(summary['deployed']['is'])}</b>, test success <b>"
+                 f"{esc(summary['deployed']['test_success'], '.3f')}</b> (warm start "
+                 f"{esc(summary['warm_start']['test_success'], '.3f')}), {esc(summary['wall_seconds'])} s</p>")
     return write_page(path, "--html", f"agentic-rl report: {cfg.env} {cfg.algo} seed {cfg.seed}", head,
                       curves_html(history) if history else "", gates_html(summary) if summary else "",
                       episodes_html(policy, tok, cfg, version))
@@ -2269,14 +2272,14 @@ def write_compare(path, result: dict) -> Path:
               if route != "warm start"]
     chart = line_chart(f"training success per iteration, mean and spread over seeds {result['seeds']}", "success",
                        curves, (0.0, 1.0), W=640)
-    rows = [[esc(route), f"{r['test_success_mean']:.3f}", f"{r['min']:.3f}", f"{r['max']:.3f}", f"{r['pass^k_mean']:.3f}",
-             " ".join(f"{s['success']:.3f}" for s in r["per_seed"]),
-             " ".join("-" if s["first_at_0.9"] is None else str(s["first_at_0.9"]) for s in r["per_seed"]),
-             f"{r['wall_seconds_mean']:.1f}"] for route, r in result["routes"].items()]
+    rows = [[esc(route), *(esc(r[key], ".3f") for key in ("test_success_mean", "min", "max", "pass^k_mean")),
+             " ".join(esc(s["success"], ".3f") for s in r["per_seed"]),
+             " ".join("-" if s["first_at_0.9"] is None else esc(s["first_at_0.9"]) for s in r["per_seed"]),
+             esc(r["wall_seconds_mean"], ".1f")] for route, r in result["routes"].items()]
     test = table(["route", "mean", "min", "max", f"pass^{result['config']['pass_k']} mean", "per seed",
                   "first >= 0.9 at", "wall s"], rows, [f" data-route='{esc(route)}'" for route in result["routes"]])
-    head = (f"<p class='sub'>every route: {result['iterations']} iterations x {result['episodes_per_iteration']} "
-            f"episodes from the same warm start per seed; test: {result['eval_episodes']} held-out tasks</p>")
+    head = (f"<p class='sub'>every route: {esc(result['iterations'])} iterations x {esc(result['episodes_per_iteration'])} "
+            f"episodes from the same warm start per seed; test: {esc(result['eval_episodes'])} held-out tasks</p>")
     return write_page(path, "--out", f"agentic-rl compare: {result['env']}", head,
                       f"<div class='grid'>{chart}</div><h2>Held-out test success</h2>", test)
 
