@@ -661,6 +661,8 @@ class TrajectoryStore:
         for name, value, low in (("max_staleness", max_staleness, 0), ("vocab_size", vocab_size, 1)):
             if type(value) is not int or value < low:
                 raise ValueError(f"TrajectoryStore: {name}={value!r} must be an int >= {low}")
+        if vocab_size > 2**20:  # a stated max: the vocabularies here have 80 to 880 words, the largest LLMs' about 256k
+            raise ValueError(f"TrajectoryStore: vocab_size={vocab_size} must be at most 2**20 (pass len(tok), the tokenizer's)")
         self.max_staleness, self.vocab_size = max_staleness, vocab_size
         self.episodes, self.seen_ids = [], set()
         self.staleness = Counter()   # versions old -> admitted episodes (the staleness histogram)
@@ -1104,6 +1106,8 @@ def malformed(ep, vocab_size: int):
     versions = [ep.policy_version] + [t.policy_version for t in ep.turns]
     if not all(type(v) is int for v in versions):
         raise ValueError(f"episode {name}: policy versions must be ints, got {versions}")
+    if min(versions) < 0:  # a version counts updates (0: the warm start); -1 marks demonstrations and evaluate()'s, never stored
+        raise ValueError(f"episode {name}: policy_version {min(versions)} is negative; a version counts updates, from 0")
     for k, t in enumerate(ep.turns):
         if not isinstance(t.action_logprobs, list):
             raise ValueError(f"episode {name} turn {k}: action_logprobs must be a list")
@@ -1516,11 +1520,16 @@ def load_run_state(run_dir: str) -> tuple:
     if type(state["version"]) is not int or state["version"] < 0 or not isinstance(state["history"], list):
         raise ValueError(f"{what}: state.pt has version {state['version']!r} (an int >= 0 is needed) or no history "
                          "list; it is damaged and cannot be resumed")
+    if state["version"] != len(state["history"]):  # train() makes one policy version per iteration, no more, no fewer
+        raise ValueError(f"{what}: state.pt has version {state['version']} after {len(state['history'])} iterations, "
+                         "one version each; it is damaged and cannot be resumed (start a new run)")
     cfg = saved_config(state, what)
     if cfg.async_rollout:
         raise ValueError(f"{what}: asynchronous runs restart; they cannot be resumed")
     if len(state["history"]) >= cfg.iterations:
         raise ValueError(f"{what}: that run already finished its {cfg.iterations} iterations")
+    if (Path(run_dir) / "metrics.jsonl").exists() and not (Path(run_dir) / "metrics.jsonl").is_file():
+        raise ValueError(f"{what}: its metrics.jsonl is not a file; move it away (a resumed run rewrites it from state.pt)")
     return state, cfg
 
 
@@ -2172,6 +2181,15 @@ def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "i
 
 def curves_html(history: list) -> str:
     """The monitors of metrics.jsonl, one chart each (those the route measured), success and cuts first."""
+    monitors = {"clip_frac": "PPO clip fraction", "approx_kl": "approx KL to the sampling policy",
+                "entropy": "entropy of the policy's tokens", "explained_variance": "critic: explained variance",
+                "zero_std_groups": "groups with no signal (all-equal rewards)", "kl_ref": "k3 KL to the warm start",
+                "kept": "rs_sft: verified episodes kept", "dpo_loss": "dpo loss"}
+    for n, m in enumerate(history, 1):  # an edited file: cut counts, monitors, iteration must be numbers (JSON's true isn't)
+        drawn = m.get("truncated_by", {}) | {k: m[k] for k in ("success", "dev_success", *monitors) if m.get(k) is not None}
+        for key, value in {**drawn, "iteration": m.get("iteration")}.items():
+            if type(value) not in (int, float):
+                raise ValueError(f"metrics.jsonl line {n}: {key} is {value!r}, not a number; restore it or move it away")
     series = lambda key: [(m["iteration"], m[key], None, None) for m in history if m.get(key) is not None]
     cuts = [c for c in CUTS if any(c in m["truncated_by"] for m in history)]
     charts = [line_chart("success per iteration", "success", [("training (sampled)", "success", series("success")),
@@ -2179,11 +2197,7 @@ def curves_html(history: list) -> str:
     charts.append(line_chart("episodes truncated, by cut", "episodes", [(c, f"truncated_by.{c}", [
         (m["iteration"], m["truncated_by"].get(c, 0), None, None) for m in history]) for c in cuts] or
         [("no cut", "truncated_by", [(m["iteration"], 0, None, None) for m in history])]))
-    charts += [line_chart(title, key, [(key, key, series(key))]) for key, title in (
-        ("clip_frac", "PPO clip fraction"), ("approx_kl", "approx KL to the sampling policy"),
-        ("entropy", "entropy of the policy's tokens"), ("zero_std_groups", "groups with no signal (all-equal rewards)"),
-        ("explained_variance", "critic: explained variance"), ("kl_ref", "k3 KL to the warm start"),
-        ("kept", "rs_sft: verified episodes kept"), ("dpo_loss", "dpo loss"))]
+    charts += [line_chart(title, key, [(key, key, series(key))]) for key, title in monitors.items()]
     return f"<h2>Learning curves</h2><div class='grid'>{''.join(charts)}</div>"
 
 

@@ -1097,6 +1097,50 @@ def test_the_last_loose_refusals_name_what_is_wrong(tmp_path, capsys):
         assert usage.value.code == 2 and "each value once" in capsys.readouterr().err
 
 
+def edited_copy(default_runs, tmp_path) -> Path:
+    """A copy of the finished default run, to edit as an attacker or an accident would."""
+    __import__("shutil").copytree(default_runs / "runs" / "flightbooking-grpo-s0", tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_show_html_refuses_a_metrics_line_whose_drawn_value_is_not_a_number(default_runs, tmp_path, capsys):
+    run = edited_copy(default_runs, tmp_path)
+    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    (run / "metrics.jsonl").write_text(json.dumps({**metrics[0], "iteration": "0"}) + "\n")  # was a TypeError
+    with pytest.raises(SystemExit, match="metrics.jsonl line 1: iteration is '0', not a number; restore it or move it"):
+        A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
+    (run / "metrics.jsonl").write_text(json.dumps({**metrics[0], "truncated_by": {"turn_budget": True}}) + "\n")
+    with pytest.raises(ValueError, match="line 1: turn_budget is True, not a number"):
+        A.curves_html([json.loads(line) for line in open(run / "metrics.jsonl")])
+
+
+def test_resume_refuses_a_state_its_history_cannot_have_made_and_a_metrics_file_that_is_not_a_file(default_runs,
+                                                                                                  tmp_path, capsys):
+    run = edited_copy(default_runs, tmp_path)
+    state = torch.load(run / "state.pt", weights_only=True)
+    state["config"]["iterations"] = 2                                      # one iteration left: a run to resume
+    torch.save({**state, "version": 99}, run / "state.pt")                # was resumed, as policy 99
+    with pytest.raises(SystemExit, match="state.pt has version 99 after 1 iterations, one version each; it is damaged"):
+        A.main(["train", "--resume", str(run)])
+    torch.save(state, run / "state.pt")                                    # version 1 after 1 iteration, as written
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").mkdir()                                        # was an IsADirectoryError
+    with pytest.raises(SystemExit, match="its metrics.jsonl is not a file; move it away"):
+        A.main(["train", "--resume", str(run)])
+
+
+def test_the_store_bounds_the_vocabulary_and_refuses_a_negative_policy_version_by_name():
+    with pytest.raises(ValueError, match=r"vocab_size=1000000000000 must be at most 2\*\*20 \(pass len\(tok\)"):
+        A.TrajectoryStore(0, 10**12)
+    assert A.TrajectoryStore(0, 2**20).vocab_size == 2**20
+    for where in ("episode", "turn"):
+        ep = make_episode(f"from-version-{where}", version=-5 if where == "episode" else 0)
+        ep.turns[0].policy_version = -5
+        with pytest.raises(ValueError, match="policy_version -5 is negative") as refused:
+            A.TrajectoryStore(max_staleness=10, vocab_size=len(TOK)).add(ep, current_version=0)
+        assert type(refused.value) is ValueError, "refused by name, not counted as merely too stale"
+
+
 def test_every_release_gate_carries_numbers():
     inc = report_card([1] * 50 + [0] * 50)
     _, _, gates = A.promotion_decision(report_card([1] * 70 + [0] * 30, credits=9.0), inc)
