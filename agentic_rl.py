@@ -661,7 +661,7 @@ class TrajectoryStore:
         for name, value, low in (("max_staleness", max_staleness, 0), ("vocab_size", vocab_size, 1)):
             if type(value) is not int or value < low:
                 raise ValueError(f"TrajectoryStore: {name}={value!r} must be an int >= {low}")
-        if vocab_size > 2**20:  # a stated max: the vocabularies here have 80 to 880 words, the largest LLMs' about 256k
+        if vocab_size > 2**20:  # a stated max, far above any tokenizer's: 80 to 880 words here, about 256k in the largest LLMs
             raise ValueError(f"TrajectoryStore: vocab_size={vocab_size} must be at most 2**20 (pass len(tok), the tokenizer's)")
         self.max_staleness, self.vocab_size = max_staleness, vocab_size
         self.episodes, self.seen_ids = [], set()
@@ -2182,8 +2182,8 @@ def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "i
 def curves_html(history: list) -> str:
     """The monitors of metrics.jsonl, one chart each (those the route measured), success and cuts first."""
     monitors = {"clip_frac": "PPO clip fraction", "approx_kl": "approx KL to the sampling policy",
-                "entropy": "entropy of the policy's tokens", "explained_variance": "critic: explained variance",
-                "zero_std_groups": "groups with no signal (all-equal rewards)", "kl_ref": "k3 KL to the warm start",
+                "entropy": "entropy of the policy's tokens", "zero_std_groups": "groups with no signal (all-equal rewards)",
+                "explained_variance": "critic: explained variance", "kl_ref": "k3 KL to the warm start",
                 "kept": "rs_sft: verified episodes kept", "dpo_loss": "dpo loss"}
     for n, m in enumerate(history, 1):  # an edited file: cut counts, monitors, iteration must be numbers (JSON's true isn't)
         drawn = m.get("truncated_by", {}) | {k: m[k] for k in ("success", "dev_success", *monitors) if m.get(k) is not None}
