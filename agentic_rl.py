@@ -645,6 +645,8 @@ class TrajectoryStore:
         for name, value, low in (("max_staleness", max_staleness, 0), ("vocab_size", vocab_size, 1)):
             if type(value) is not int or value < low:
                 raise ValueError(f"TrajectoryStore: {name}={value!r} must be an int >= {low}")
+        if vocab_size > 2**20:  # a stated max, far above any tokenizer's: 80 to 880 words here, about 256k in the largest LLMs
+            raise ValueError(f"TrajectoryStore: vocab_size={vocab_size} must be at most 2**20 (pass len(tok), the tokenizer's)")
         self.max_staleness, self.vocab_size = max_staleness, vocab_size
         self.episodes, self.seen_ids = [], set()
         self.staleness = Counter()   # versions old -> admitted episodes (the staleness histogram)
@@ -1127,6 +1129,8 @@ def malformed(ep, vocab_size: int):
     versions = [ep.policy_version] + [t.policy_version for t in ep.turns]
     if not all(type(v) is int for v in versions):
         raise ValueError(f"episode {name}: policy versions must be ints, got {versions}")
+    if min(versions) < 0:  # a version counts updates (0: the warm start); -1 marks demonstrations and evaluate()'s, never stored
+        raise ValueError(f"episode {name}: policy_version {min(versions)} is negative; a version counts updates, from 0")
     for k, t in enumerate(ep.turns):
         if not isinstance(t.action_logprobs, list):
             raise ValueError(f"episode {name} turn {k}: action_logprobs must be a list")
@@ -1586,11 +1590,16 @@ def load_run_state(run_dir: str) -> tuple:
     if type(state["version"]) is not int or state["version"] < 0 or not isinstance(state["history"], list):
         raise ValueError(f"{what}: state.pt has version {state['version']!r} (an int >= 0 is needed) or no history "
                          "list; it is damaged and cannot be resumed")
+    if state["version"] != len(state["history"]):  # train() makes one policy version per iteration, no more, no fewer
+        raise ValueError(f"{what}: state.pt has version {state['version']} after {len(state['history'])} iterations, "
+                         "one version each; it is damaged and cannot be resumed (start a new run)")
     cfg = saved_config(state, what)
     if cfg.async_rollout:
         raise ValueError(f"{what}: asynchronous runs restart; they cannot be resumed")
     if len(state["history"]) >= cfg.iterations:
         raise ValueError(f"{what}: that run already finished its {cfg.iterations} iterations")
+    if (Path(run_dir) / "metrics.jsonl").exists() and not (Path(run_dir) / "metrics.jsonl").is_file():
+        raise ValueError(f"{what}: its metrics.jsonl is not a file; move it away (a resumed run rewrites it from state.pt)")
     return state, cfg
 
 
@@ -2172,8 +2181,10 @@ display:inline-block;min-width:170px;margin:3px;padding:4px 8px;border-radius:6p
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf")
 
 
-def esc(x) -> str:
-    return html.escape(str(x), quote=True)
+def esc(x, fmt: str = "") -> str:
+    """x as page text, escaped for attributes too, a float by fmt: every value a page did not compute goes through here,
+    numbers included (a file's "number" may be markup), but a chart's coordinates (line_chart computes with them)."""
+    return html.escape(format(x, fmt) if isinstance(x, float) else str(x), quote=True)
 
 
 def write_page(path, flag: str, title: str, *sections) -> Path:
@@ -2237,6 +2248,15 @@ def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "i
 
 def curves_html(history: list) -> str:
     """The monitors of metrics.jsonl, one chart each (those the route measured), success and cuts first."""
+    monitors = {"clip_frac": "PPO clip fraction", "approx_kl": "approx KL to the sampling policy",
+                "entropy": "entropy of the policy's tokens", "zero_std_groups": "groups with no signal (all-equal rewards)",
+                "explained_variance": "critic: explained variance", "kl_ref": "k3 KL to the warm start",
+                "kept": "rs_sft: verified episodes kept", "dpo_loss": "dpo loss"}
+    for n, m in enumerate(history, 1):  # an edited file: cut counts, monitors, iteration must be numbers (JSON's true isn't)
+        drawn = m.get("truncated_by", {}) | {k: m[k] for k in ("success", "dev_success", *monitors) if m.get(k) is not None}
+        for key, value in {**drawn, "iteration": m.get("iteration")}.items():
+            if type(value) not in (int, float):
+                raise ValueError(f"metrics.jsonl line {n}: {key} is {value!r}, not a number; restore it or move it away")
     series = lambda key: [(m["iteration"], m[key], None, None) for m in history if m.get(key) is not None]
     cuts = [c for c in CUTS if any(c in m["truncated_by"] for m in history)]
     charts = [line_chart("success per iteration", "success", [("training (sampled)", "success", series("success")),
@@ -2244,11 +2264,7 @@ def curves_html(history: list) -> str:
     charts.append(line_chart("episodes truncated, by cut", "episodes", [(c, f"truncated_by.{c}", [
         (m["iteration"], m["truncated_by"].get(c, 0), None, None) for m in history]) for c in cuts] or
         [("no cut", "truncated_by", [(m["iteration"], 0, None, None) for m in history])]))
-    charts += [line_chart(title, key, [(key, key, series(key))]) for key, title in (
-        ("clip_frac", "PPO clip fraction"), ("approx_kl", "approx KL to the sampling policy"),
-        ("entropy", "entropy of the policy's tokens"), ("zero_std_groups", "groups with no signal (all-equal rewards)"),
-        ("explained_variance", "critic: explained variance"), ("kl_ref", "k3 KL to the warm start"),
-        ("kept", "rs_sft: verified episodes kept"), ("dpo_loss", "dpo loss"))]
+    charts += [line_chart(title, key, [(key, key, series(key))]) for key, title in monitors.items()]
     return f"<h2>Learning curves</h2><div class='grid'>{''.join(charts)}</div>"
 
 
@@ -2264,7 +2280,7 @@ def gates_html(summary: dict) -> str:
     rows = report_card_rows(cols)
     card = table(["report card", ""] + list(cols), [[esc(x) for x in (g, label, *vals)] for g, _, label, vals in rows],
                  [f" data-row='{esc(k)}'" for _, k, _, _ in rows])
-    num = lambda x: "&ndash;" if x is None else esc(f"{x:.4g}" if isinstance(x, float) else x)
+    num = lambda x: "&ndash;" if x is None else esc(x, ".4g")
     checks = table(["release gate", "value", "rule", "observed", "limit", "verdict"],
                    [[esc(g["gate"]), esc(g["value"]), esc(g["rule"]), num(g["observed"]), num(g["limit"]),
                      "<span class='pass'>pass</span>" if g["passed"] else "<span class='fail'>FAIL</span>"]
@@ -2291,10 +2307,10 @@ def episode_html(ep: Episode, tok: Tokenizer, adv, scale: float, max_turns: int,
         lines.append(f"<div class='turn'><span class='k'>t{k}</span>{''.join(map(span, t.obs_tokens))}{acts}{gate}"
                      f"<span class='note'>{max_turns - k} left, reward {t.reward:g}"
                      + ("" if a is None else f", advantage {a:+.2f}") + "</span></div>")
-    end = "terminated" if ep.terminated else f"truncated by {ep.truncated_by}"
+    end = esc("terminated" if ep.terminated else f"truncated by {ep.truncated_by}")
     lines.append(f"<div class='turn'><span class='k'>end</span>{''.join(map(span, ep.final_obs_tokens))}"
                  f"<span class='note'><b>{end}</b>, return {ep.reward:g}</span></div>")
-    return f"<div class='episode' data-ending='{esc(end)}'><b>{esc(caption)}</b>{''.join(lines)}</div>"
+    return f"<div class='episode' data-ending='{end}'><b>{esc(caption)}</b>{''.join(lines)}</div>"
 
 
 def episodes_html(policy, tok, cfg: Config, version: int, part: str = "test") -> str:
@@ -2309,10 +2325,10 @@ def episodes_html(policy, tok, cfg: Config, version: int, part: str = "test") ->
         if credit is not None else 1.0
     legend = (f"<p class='sub'><span class='tok ctx'>context</span> prompt, observations and gate messages "
               f"(mask 0) &nbsp; <span class='tok act'>policy<small>-0.05</small></span> the policy's own tokens (mask 1) "
-              f"with their old log-prob<br>each turn's advantage under {cfg.algo}: {-scale:+.2f}<span class='scale'></span>"
-              f"{scale:+.2f}" + ("" if credit is not None else f" ({cfg.algo} uses no advantage)") + "</p>")
+              f"with their old log-prob<br>each turn's advantage under {esc(cfg.algo)}: {-scale:+.2f}<span class='scale'></span>"
+              f"{scale:+.2f}" + ("" if credit is not None else f" ({esc(cfg.algo)} uses no advantage)") + "</p>")
     return (f"<h2>Three episodes of the deployed policy</h2><p class='sub'>{part} task {task_id}, a group of "
-            f"{cfg.group_size} sampled episodes ({sum(v.success for v in verdicts)} solved), temperature 1</p>" + legend
+            f"{esc(cfg.group_size)} sampled episodes ({sum(v.success for v in verdicts)} solved), temperature 1</p>" + legend
             + "".join(episode_html(episodes[b], tok, None if credit is None else credit[b], scale,
                                    env_list[b].unwrapped.max_turns, f"episode {b}: success={verdicts[b].success}, "
                                    f"category {verdicts[b].category}") for b in order))
@@ -2320,10 +2336,11 @@ def episodes_html(policy, tok, cfg: Config, version: int, part: str = "test") ->
 
 def write_report(path, policy, tok, cfg: Config, version: int, history=None, summary=None) -> Path:
     """report.html: curves (metrics.jsonl), report card and gates (summary.json), three episodes."""
-    head = f"<p class='sub'>{esc(cfg.env)} &middot; {esc(cfg.algo)} &middot; seed {cfg.seed} &middot; run {esc(cfg.run_dir)}</p>"
-    if summary:
-        head += (f"<p>deployed: <b>{summary['deployed']['is']}</b>, test success <b>{summary['deployed']['test_success']:.3f}</b>"
-                 f" (warm start {summary['warm_start']['test_success']:.3f}), {summary['wall_seconds']} s</p>")
+    head = f"<p class='sub'>{' &middot; '.join(map(esc, (cfg.env, cfg.algo, f'seed {cfg.seed}', f'run {cfg.run_dir}')))}</p>"
+    if summary:  # summary.json as the file holds it (show --html reads it back): escaped, numbers too
+        head += (f"<p>deployed: <b>{esc(summary['deployed']['is'])}</b>, test success <b>"
+                 f"{esc(summary['deployed']['test_success'], '.3f')}</b> (warm start "
+                 f"{esc(summary['warm_start']['test_success'], '.3f')}), {esc(summary['wall_seconds'])} s</p>")
     return write_page(path, "--html", f"agentic-rl report: {cfg.env} {cfg.algo} seed {cfg.seed}", head,
                       curves_html(history) if history else "", gates_html(summary) if summary else "",
                       episodes_html(policy, tok, cfg, version))
@@ -2336,14 +2353,14 @@ def write_compare(path, result: dict) -> Path:
               if route != "warm start"]
     chart = line_chart(f"training success per iteration, mean and spread over seeds {result['seeds']}", "success",
                        curves, (0.0, 1.0), W=640)
-    rows = [[esc(route), f"{r['test_success_mean']:.3f}", f"{r['min']:.3f}", f"{r['max']:.3f}", f"{r['pass^k_mean']:.3f}",
-             " ".join(f"{s['success']:.3f}" for s in r["per_seed"]),
-             " ".join("-" if s["first_at_0.9"] is None else str(s["first_at_0.9"]) for s in r["per_seed"]),
-             f"{r['wall_seconds_mean']:.1f}"] for route, r in result["routes"].items()]
+    rows = [[esc(route), *(esc(r[key], ".3f") for key in ("test_success_mean", "min", "max", "pass^k_mean")),
+             " ".join(esc(s["success"], ".3f") for s in r["per_seed"]),
+             " ".join("-" if s["first_at_0.9"] is None else esc(s["first_at_0.9"]) for s in r["per_seed"]),
+             esc(r["wall_seconds_mean"], ".1f")] for route, r in result["routes"].items()]
     test = table(["route", "mean", "min", "max", f"pass^{result['config']['pass_k']} mean", "per seed",
                   "first >= 0.9 at", "wall s"], rows, [f" data-route='{esc(route)}'" for route in result["routes"]])
-    head = (f"<p class='sub'>every route: {result['iterations']} iterations x {result['episodes_per_iteration']} "
-            f"episodes from the same warm start per seed; test: {result['eval_episodes']} held-out tasks</p>")
+    head = (f"<p class='sub'>every route: {esc(result['iterations'])} iterations x {esc(result['episodes_per_iteration'])} "
+            f"episodes from the same warm start per seed; test: {esc(result['eval_episodes'])} held-out tasks</p>")
     return write_page(path, "--out", f"agentic-rl compare: {result['env']}", head,
                       f"<div class='grid'>{chart}</div><h2>Held-out test success</h2>", test)
 

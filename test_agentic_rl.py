@@ -1132,6 +1132,50 @@ def test_the_last_loose_refusals_name_what_is_wrong(tmp_path, capsys):
         assert usage.value.code == 2 and "each value once" in capsys.readouterr().err
 
 
+def edited_copy(default_runs, tmp_path) -> Path:
+    """A copy of the finished default run, to edit as an attacker or an accident would."""
+    __import__("shutil").copytree(default_runs / "runs" / "flightbooking-grpo-s0", tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_show_html_refuses_a_metrics_line_whose_drawn_value_is_not_a_number(default_runs, tmp_path, capsys):
+    run = edited_copy(default_runs, tmp_path)
+    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    (run / "metrics.jsonl").write_text(json.dumps({**metrics[0], "iteration": "0"}) + "\n")  # was a TypeError
+    with pytest.raises(SystemExit, match="metrics.jsonl line 1: iteration is '0', not a number; restore it or move it"):
+        A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
+    (run / "metrics.jsonl").write_text(json.dumps({**metrics[0], "truncated_by": {"turn_budget": True}}) + "\n")
+    with pytest.raises(ValueError, match="line 1: turn_budget is True, not a number"):
+        A.curves_html([json.loads(line) for line in open(run / "metrics.jsonl")])
+
+
+def test_resume_refuses_a_state_its_history_cannot_have_made_and_a_metrics_file_that_is_not_a_file(default_runs,
+                                                                                                  tmp_path, capsys):
+    run = edited_copy(default_runs, tmp_path)
+    state = torch.load(run / "state.pt", weights_only=True)
+    state["config"]["iterations"] = 2                                      # one iteration left: a run to resume
+    torch.save({**state, "version": 99}, run / "state.pt")                # was resumed, as policy 99
+    with pytest.raises(SystemExit, match="state.pt has version 99 after 1 iterations, one version each; it is damaged"):
+        A.main(["train", "--resume", str(run)])
+    torch.save(state, run / "state.pt")                                    # version 1 after 1 iteration, as written
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").mkdir()                                        # was an IsADirectoryError
+    with pytest.raises(SystemExit, match="its metrics.jsonl is not a file; move it away"):
+        A.main(["train", "--resume", str(run)])
+
+
+def test_the_store_bounds_the_vocabulary_and_refuses_a_negative_policy_version_by_name():
+    with pytest.raises(ValueError, match=r"vocab_size=1000000000000 must be at most 2\*\*20 \(pass len\(tok\)"):
+        A.TrajectoryStore(0, 10**12)
+    assert A.TrajectoryStore(0, 2**20).vocab_size == 2**20
+    for where in ("episode", "turn"):
+        ep = make_episode(f"from-version-{where}", version=-5 if where == "episode" else 0)
+        ep.turns[0].policy_version = -5
+        with pytest.raises(ValueError, match="policy_version -5 is negative") as refused:
+            A.TrajectoryStore(max_staleness=10, vocab_size=len(TOK)).add(ep, current_version=0)
+        assert type(refused.value) is ValueError, "refused by name, not counted as merely too stale"
+
+
 def test_every_release_gate_carries_numbers():
     inc = report_card([1] * 50 + [0] * 50)
     _, _, gates = A.promotion_decision(report_card([1] * 70 + [0] * 30, credits=9.0), inc)
@@ -1569,6 +1613,73 @@ def test_examples_html_draws_the_worked_mask_and_group(tmp_path, capsys):
     assert len(mask) == 180 and sum(mask) == 60
     chips = [(e["data-algo"], float(e["data-adv"])) for e in page.elements if "data-algo" in e]
     assert chips == [(algo, a) for ep in A.worked_group() for _, g, s in ep for algo, a in (("grpo", g), ("stepgroup", s))]
+
+
+def plant(where: str) -> str:
+    """Markup that would run script in a browser if a page drew it live; `where` names the field it was planted in."""
+    return f"<script>alert(1)</script><img src=x onerror=alert(1) data-plant='{where}'>"
+
+
+def planted(record, where=""):
+    """A JSON record with every value (numbers too) and every category name replaced by a plant naming its place."""
+    if isinstance(record, dict):
+        return {plant(f"{where}.{k}") if where.endswith("categories") else k: planted(v, f"{where}.{k}".lstrip("."))
+                for k, v in record.items()}
+    if isinstance(record, list):
+        return [planted(v, f"{where}.{i}") for i, v in enumerate(record)]
+    return plant(where)
+
+
+def nothing_live(path, drawn) -> str:
+    """The page runs nothing it was handed: no script, no element and no attribute a plant brought; yet each place
+    in `drawn` was drawn, as text (so the page did read the planted field). Returns the page's text."""
+    page = self_contained(path)  # no "<script" anywhere in the file
+    assert not [e for e in page.elements if e["tag"] in ("script", "img") or any(a.startswith("on") or a == "data-plant"
+                                                                                 for a in e)], "live planted markup"
+    text = __import__("html").unescape(Path(path).read_text())
+    assert [w for w in drawn if plant(w) not in text] == [], "these planted fields were not drawn at all"
+    return text
+
+
+def test_no_page_runs_markup_planted_in_the_files_it_draws(default_runs, tmp_path, capsys):
+    """show --html reads back summary.json, metrics.jsonl and the checkpoint's config from a run directory anyone
+    can edit (here one whose very name is markup); compare.html and the episodes draw records and words. Markup
+    planted in every field of them comes out as text, never as an element or attribute that runs."""
+    run = tmp_path / "<img src=x onerror=alert('run-dir')>"
+    __import__("shutil").copytree(default_runs / "runs" / "flightbooking-grpo-s0", run)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps(planted(summary)))
+    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    (run / "metrics.jsonl").write_text("".join(json.dumps({**m, plant("key"): plant("value"), "truncated_by":
+                                               {**m["truncated_by"], plant("cut"): 1}}) + "\n" for m in metrics))
+    ckpt = torch.load(run / "final.pt", weights_only=True)
+    ckpt["config"]["run_dir"] = str(run) + plant("config.run_dir")  # the only free-text setting (the rest are choices)
+    torch.save(ckpt, run / "final.pt")
+    A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
+    gates = [f"release_gates.{i}.{key}" for i in range(len(summary["release_gates"]))
+             for key in ("gate", "value", "rule", "observed", "limit")]
+    text = nothing_live(run / "report.html", ["config.run_dir", "deployed.is", "deployed.test_success",
+                                              "warm_start.test_success", "wall_seconds", "promotion_reason", *gates,
+                                              "reports.incumbent.dev.success", "reports.candidate.test.ci95.0"])
+    assert "onerror=alert('run-dir')" in text and plant("reports.incumbent.dev.categories.seats") in text
+
+    tok = A.Tokenizer([plant("word")])                   # an observation, an action, a gate's reason, a cut's name
+    word = tok.stoi[plant("word")]
+    ep = make_episode("planted", turns=[make_turn([tok.obs, word, tok.act], [word, tok.eoa], truncated=True,
+                                                  truncated_by=plant("cut"))])
+    ep.turns[0].gate_allowed, ep.turns[0].gate_reason = False, plant("gate")
+    A.write_page(tmp_path / "episode.html", "--html", plant("title"), A.episode_html(ep, tok, None, 1.0, 8, plant("caption")))
+    nothing_live(tmp_path / "episode.html", ["word", "cut", "gate", "title", "caption"])
+
+    record = {"test_success_mean": 0.5, "min": 0.5, "max": 0.5, "pass^k_mean": 0.5, "wall_seconds_mean": 1.0,
+              "per_seed": [{"success": 0.5, "first_at_0.9": 1}]}
+    result = planted({"env": envs.FLIGHT_ID, "seeds": [0], "iterations": 2, "episodes_per_iteration": 4,
+                      "eval_episodes": 4, "config": {"pass_k": 1}, "routes": {"grpo": record}})
+    result["routes"] = {plant("route"): {**result["routes"]["grpo"], "curves": [[0.5, 1.0]]}}  # drawn as numbers
+    A.write_compare(tmp_path / "compare.html", result)
+    nothing_live(tmp_path / "compare.html", ["route", "env", "seeds.0", "iterations", "episodes_per_iteration",
+                                             "eval_episodes", "config.pass_k", *(f"routes.grpo.{key}" for key in record if key != "per_seed"),
+                                             "routes.grpo.per_seed.0.success", "routes.grpo.per_seed.0.first_at_0.9"])
 
 
 # ------------------------------------------------------------------------------------------------
