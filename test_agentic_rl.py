@@ -2247,7 +2247,7 @@ def test_hw(exercise, name, check_fn, hidden):
 #   new privileges, no user namespace and no new unix socket (seccomp); as root, as an unprivileged
 #   user in namespaces of its own (no network; its own IPC and process ids; a root holding its folder,
 #   the system's libraries and nothing else of the machine), which can neither read the grading
-#   installation (the bundle's setup.sh makes it unreadable) nor write the results;
+#   installation (the grader refuses one it could read) nor write the results;
 # - only inputs cross, on a socket of its own with length-prefixed frames (prints go elsewhere, as
 #   bytes): never reference code or expected values. A piece that an exercise calls from another
 #   exercise (promotion calls sign_test_p) is answered by the grader, value by value;
@@ -2910,9 +2910,13 @@ class GraderFailure(Exception):
     """Something failed on the grader's side: the verdict says so and never blames the student."""
 
 
+INSTALLED = ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "silent_bug.txt", "hidden_seed.txt")  # what no student may read
+
+
 class Sandbox:
     """The fork server of one grading: its settings (the sandbox user as root, the memory limit) and
-    the socket to it. As a context manager it leaves no process behind."""
+    the socket to it. As root it refuses (ValueError) an installation whose files the sandbox user
+    could read. As a context manager it leaves no process behind."""
 
     def __init__(self, user=SANDBOX_USER, memory: int = MEMORY_LIMIT):
         import pwd
@@ -2923,10 +2927,13 @@ class Sandbox:
                 entry = pwd.getpwnam(user)
             except KeyError:
                 entry = pwd.getpwnam("nobody")         # a local grading run as root, without the bundle's user
+            exposed = [name for name in INSTALLED if (REPO / name).exists() and readable_by_others(REPO / name)]
+            if exposed:
+                raise ValueError(f"{REPO}: the sandbox user ({entry.pw_name}) can read {', '.join(exposed)}, and with "
+                                 f"them the reference, the hidden checks or the course's secret: run `chmod -R go-rwx "
+                                 f"{REPO}` (the bundle's setup.sh does) and grade again")
             self.uid = (entry.pw_uid, entry.pw_gid)
             self.note += f", user {entry.pw_name}"
-            if readable_by_others(REPO / "test_agentic_rl.py"):
-                self.note += f" (warning: it can read {REPO}; chmod -R go-rwx it, as the bundle's setup.sh does)"
         else:
             self.note += f", user {os.getuid()} (no sandbox user: the student's code has the grader's rights)"
         self.lock = None
@@ -3584,7 +3591,7 @@ def course_here(capsys, *argv) -> tuple:
 def installation(tmp_path) -> Path:
     """A grading installation as the bundle lays it out (readable by root only, as setup.sh leaves it)."""
     source = tmp_path / "source"
-    source.mkdir()
+    source.mkdir(mode=0o700)
     for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "requirements.txt"):
         shutil.copy(REPO / name, source / name)
     return source
@@ -3620,6 +3627,28 @@ class SharedSandbox:
 
 
 @pytest.fixture(scope="module")
+def private_installation(tmp_path_factory) -> Path:
+    """A copy of this installation in a folder only root can enter: Sandbox refuses, as root, an installation
+    the sandbox user could read, and this checkout may well be world-readable."""
+    copy = tmp_path_factory.mktemp("installation")
+    os.chmod(copy, 0o700)
+    for name in {*HANDOUT_FILES, *INSTALLED}:
+        if (REPO / name).exists():
+            (copy / name).parent.mkdir(exist_ok=True)
+            shutil.copy(REPO / name, copy / name)
+    return copy
+
+
+@pytest.fixture
+def graded_privately(private_installation):
+    """In this test the grader's installation (REPO) is private_installation; a patch of its own, which the
+    test's monkeypatch.undo() leaves alone."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys.modules[__name__], "REPO", private_installation)
+        yield private_installation
+
+
+@pytest.fixture(scope="module")
 def fork_servers():
     """(user, memory) -> a Sandbox kept for this module's in-process gradings; closed (under the lock) at its end."""
     servers = {}
@@ -3630,9 +3659,9 @@ def fork_servers():
 
 
 @pytest.fixture
-def shared_sandbox(fork_servers):
-    """grade() in this test takes its fork server from fork_servers (see SharedSandbox); a patch of its own,
-    which the test's monkeypatch.undo() leaves alone."""
+def shared_sandbox(fork_servers, graded_privately):
+    """grade() in this test takes its fork server from fork_servers (see SharedSandbox) and grades from
+    private_installation; a patch of its own, which the test's monkeypatch.undo() leaves alone."""
     real = Sandbox
 
     def sandbox(user=SANDBOX_USER, memory: int = MEMORY_LIMIT):
@@ -4054,7 +4083,7 @@ def test_what_a_red_team_broke_holds_now(tmp_path, shared_sandbox):
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="the sandbox user needs a grader running as root")
-def test_two_gradings_at_once_take_turns(tmp_path):
+def test_two_gradings_at_once_take_turns(tmp_path, graded_privately):
     sub = tmp_path / "sub"
     sub.mkdir()
     for name in ("agentic_rl.py", "envs.py"):
@@ -4072,6 +4101,27 @@ def test_two_gradings_at_once_take_turns(tmp_path):
     assert [sum(score(row)[0] for row in exercises(r).values()) for r in reports] == [20.0, 20.0], \
         "each grading kills only its own workers"
     assert all(c["status"] == "passed" for r in reports for row in exercises(r).values() for c in row["checks"])
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only a grader running as root has a sandbox user to keep out")
+def test_an_installation_the_sandbox_user_can_read_is_refused(tmp_path, capsys, monkeypatch):
+    readable = Path(tempfile.mkdtemp(dir="/run"))    # a world-readable clone, as a TA might grade from
+    try:
+        os.chmod(readable, 0o755)
+        for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py"):
+            shutil.copy(REPO / name, readable / name)
+            os.chmod(readable / name, 0o644)
+        monkeypatch.setattr(sys.modules[__name__], "REPO", readable)
+        code, printed = course_here(capsys, "grade", tmp_path, "--only", "returns")
+        assert code == 2 and "can read agentic_rl.py, envs.py, test_agentic_rl.py" in printed, printed
+        assert f"run `chmod -R go-rwx {readable}`" in printed and "Traceback" not in printed
+        for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py"):
+            os.chmod(readable / name, 0o600)
+        (readable / "hidden_seed.txt").write_text("the course's secret\n")   # only the secret left open
+        code, printed = course_here(capsys, "grade", tmp_path, "--only", "returns")
+        assert code == 2 and "can read hidden_seed.txt," in printed, printed
+    finally:
+        shutil.rmtree(readable)
 
 
 def test_hidden_inputs_come_from_the_course_secret():
