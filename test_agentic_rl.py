@@ -2728,9 +2728,10 @@ def private_root(libc, own_proc: bool) -> bool:
         bind(path, f"/tmp{path}")
     os.chdir("/tmp")
     if os.uname().machine == "x86_64" and libc.syscall(155, b".", b".") == 0:  # pivot_root(".", "."): old root on top
-        libc.umount2(b".", 2)                          # MNT_DETACH: and gone from this namespace, the machine's files too
-    elif libc.chroot(b"."):    # another machine, or a root pivot_root refuses: the old one stays mounted, out of reach
-        raise OSError(f"chroot: errno {ctypes.get_errno()}")
+        if libc.umount2(b".", 2):                      # MNT_DETACH: and gone from this namespace, the machine's files too
+            raise OSError(f"detaching the machine's root: errno {ctypes.get_errno()}")
+    elif libc.chroot(b"."):    # another machine, or a root pivot_root refuses: the machine's stays mounted, out of reach
+        raise OSError(f"chroot: errno {ctypes.get_errno()}")    # of a process without privileges
     os.chdir("/tmp/work")
     return True
 
