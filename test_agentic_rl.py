@@ -2405,9 +2405,11 @@ def test_hw(exercise, name, check_fn, hidden):
 # - what the submission provides is read first (a link, a special file or a huge file is refused by
 #   name); results are written last, after every process the submission started is gone;
 # - each exercise runs in a fresh worker, forked from a server that has imported torch and nothing of
-#   ours, in a session of its own, killed with everything it started, under a memory limit; as root,
-#   as an unprivileged user with no network, which can neither read the grading installation (the
-#   bundle's setup.sh makes it unreadable) nor write the results;
+#   ours, in a session of its own, killed with everything it started, under a memory limit, with no
+#   new privileges, no user namespace and no new unix socket (seccomp); as root, as an unprivileged
+#   user in namespaces of its own (no network; its own IPC and process ids; a root holding its folder,
+#   the system's libraries and nothing else of the machine), which can neither read the grading
+#   installation (the grader refuses one it could read) nor write the results;
 # - only inputs cross, on a socket of its own with length-prefixed frames (prints go elsewhere, as
 #   bytes): never reference code or expected values. A piece that an exercise calls from another
 #   exercise (promotion calls sign_test_p) is answered by the grader, value by value;
@@ -2860,10 +2862,9 @@ def serve(sock, callbacks):
 
 def worker(sock, out_fd: int, req: dict):
     """One exercise's process, set up before any student code runs: a session of its own, output to the
-    grader's drain, no other descriptor; as root (where the platform allows namespaces): no network,
-    its own small /tmp, /var/tmp, /dev/shm and /run/lock that vanish with it, its folder read-only; a
-    cap on processes, the sandbox user; a memory limit; a clean environment. Then serve()."""
-    import ctypes
+    grader's drain, no other descriptor; as root, namespaces of its own (isolate: no network, its own
+    System V IPC, process ids and files) and then the sandbox user, with a cap on processes; always a
+    memory limit, a clean environment, no new privileges and a seccomp filter (lock_down). Then serve()."""
     import resource
     try:
         os.setsid()
@@ -2872,21 +2873,10 @@ def worker(sock, out_fd: int, req: dict):
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.closerange(3, sock.fileno())
         os.closerange(sock.fileno() + 1, 1 << 16)
-        folder, network, tmp = req["folder"], "shared", "shared"
-        os.chdir(folder)
+        os.chdir(req["folder"])
+        folder, isolation = req["folder"], "network shared, ipc shared, pids shared, files shared"
         if os.getuid() == 0 and req["uid"] is not None:
-            libc = ctypes.CDLL(None, use_errno=True)
-            network = "none" if libc.unshare(0x40000000) == 0 else network           # CLONE_NEWNET
-            if libc.unshare(0x20000) == 0 and libc.mount(b"none", b"/", None, 0x44000, None) == 0:  # NEWNS; private
-                for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):          # its own, small and gone after
-                    if os.path.isdir(d) and libc.mount(b"tmpfs", d.encode(), b"tmpfs", 0, b"size=64m,mode=1777"):
-                        raise OSError(f"tmpfs on {d}: errno {ctypes.get_errno()}")
-                os.mkdir("/tmp/work", 0o755)                                     # its folder, seen read-only
-                if libc.mount(b".", b"/tmp/work", None, 0x1000, None) or \
-                        libc.mount(b"none", b"/tmp/work", None, 0x1000 | 0x20 | 0x1, None):  # BIND; REMOUNT, RDONLY
-                    raise OSError(f"binding the folder: errno {ctypes.get_errno()}")
-                folder, tmp = "/tmp/work", "private"
-                os.chdir(folder)
+            folder, isolation = isolate()
             resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
             os.setgroups([])
             os.setgid(req["gid"])
@@ -2898,7 +2888,8 @@ def worker(sock, out_fd: int, req: dict):
         sys.path.insert(0, folder)
         os.environ.clear()
         os.environ.update(HOME=folder, PATH="/usr/bin:/bin", TMPDIR="/tmp")
-        send(sock, {"sandbox": {"uid": os.getuid(), "network": network, "tmp": tmp}})
+        isolation += ", " + lock_down()
+        send(sock, {"sandbox": {"uid": os.getuid(), "isolation": isolation}})
     except BaseException as e:                         # the grader's failure, reported as such
         send(sock, {"setup_failed": f"{type(e).__name__}: {e}"})
         os._exit(0)
@@ -2906,6 +2897,142 @@ def worker(sock, out_fd: int, req: dict):
         serve(sock, req["callbacks"])
     finally:
         os._exit(0)
+
+
+def isolate() -> tuple:
+    """As root, in the worker, before it becomes the sandbox user: namespaces of its own for the network
+    (none at all), System V IPC (a shared-memory segment, semaphore or message queue it makes dies with it,
+    unseen by the next exercise or student), process ids (it is process 1 of its own: it can signal nothing
+    else, and when it ends the kernel kills all it started) and mounts (private_root: its folder, the
+    system's libraries and nothing else of the machine). One the platform refuses stays shared. Returns
+    (its folder as it now sees it, what holds: the grader's note)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    network = libc.unshare(0x40000000) == 0                  # CLONE_NEWNET
+    ipc = libc.unshare(0x08000000) == 0                      # CLONE_NEWIPC
+    pids = libc.unshare(0x20000000) == 0                     # CLONE_NEWPID: it takes effect for the next child
+    if pids and os.fork() != 0:
+        os._exit(0)           # this process stays outside; its child, process 1 inside, goes on (the fork server reaps it)
+    files = libc.unshare(0x20000) == 0 and \
+        libc.mount(b"none", b"/", None, 0x44000, None) == 0 and private_root(libc, pids)  # NEWNS; / MS_REC|MS_PRIVATE
+    said = lambda holds, word="private": word if holds else "shared"
+    return ("/tmp/work" if files else os.getcwd(),
+            f"network {said(network, 'none')}, ipc {said(ipc)}, pids {said(pids)}, files {said(files)}")
+
+
+def private_root(libc, own_proc: bool) -> bool:
+    """The worker's whole filesystem, built in a small tmpfs mounted over /tmp and made its root: /tmp,
+    /var/tmp, /dev/shm and /run/lock, writable by all and gone with it; /tmp/work, the exercise's folder
+    (the current directory: the grader's copy of the submitted files), read-only; /dev's null, zero, full,
+    random and urandom; /proc (with own_proc a fresh one, which shows the worker's processes alone, else
+    the machine's); and, read-only, the system's programs, libraries and /etc and Python's own files
+    (system_paths), each directory on the way to them with the owner and mode it has on the machine.
+    Nothing else of the machine is in it: no classmate's folder, no grading installation, no socket of
+    the host's services. False, with nothing changed, where the platform allows no mount; an OSError
+    where one fails midway."""
+    import ctypes
+
+    def mount(source, target, fstype=None, flags=0):
+        if libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(), flags, None):
+            raise OSError(f"mount {source} on {target}: errno {ctypes.get_errno()}")
+
+    def bind(source, target):                      # MS_BIND | MS_REC, then MS_REMOUNT | MS_BIND | RDONLY | NOSUID | NODEV
+        mount(source, target, flags=0x1000 | 0x4000)
+        kept = os.statvfs(target).f_flag & (0x8 | 0x400 | 0x800)   # NOEXEC, NOATIME, NODIRATIME: a container may lock them
+        mount(None, target, flags=0x20 | 0x1000 | 0x1 | 0x2 | 0x4 | kept)
+    if libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 0, b"size=64m,mode=755"):
+        return False
+    os.umask(0o022)                                    # what is made here is 755, whatever the grader's umask
+    for d in ("tmp", "var/tmp", "dev/shm", "run/lock"):
+        os.makedirs(f"/tmp/{d}")
+        os.chmod(f"/tmp/{d}", 0o1777)
+    os.mkdir("/tmp/tmp/work")
+    bind(".", "/tmp/tmp/work")
+    for name in ("null", "zero", "full", "random", "urandom"):
+        open(f"/tmp/dev/{name}", "x").close()
+        mount(f"/dev/{name}", f"/tmp/dev/{name}", flags=0x1000)                  # MS_BIND: the device itself
+    os.symlink("/proc/self/fd", "/tmp/dev/fd")
+    os.mkdir("/tmp/proc")
+    if not (own_proc and libc.mount(b"proc", b"/tmp/proc", b"proc", 0x2 | 0x4 | 0x8, None) == 0):  # NOSUID, NODEV, NOEXEC
+        mount("/proc", "/tmp/proc", flags=0x1000 | 0x4000)                        # the machine's, where it has no other
+    for path in system_paths():
+        parts = path.split("/")
+        for up in ("/".join(parts[:i]) for i in range(2, len(parts))):   # the directories on the way, as the machine has them
+            if not os.path.exists(f"/tmp{up}"):
+                info = os.stat(up)
+                os.mkdir(f"/tmp{up}")
+                os.chown(f"/tmp{up}", info.st_uid, info.st_gid)
+                os.chmod(f"/tmp{up}", info.st_mode & 0o7777)
+        os.mkdir(f"/tmp{path}")
+        bind(path, f"/tmp{path}")
+    os.chdir("/tmp")
+    if os.uname().machine == "x86_64" and libc.syscall(155, b".", b".") == 0:  # pivot_root(".", "."): old root on top
+        if libc.umount2(b".", 2):                      # MNT_DETACH: and gone from this namespace, the machine's files too
+            raise OSError(f"detaching the machine's root: errno {ctypes.get_errno()}")
+    elif libc.chroot(b"."):    # another machine, or a root pivot_root refuses: the machine's stays mounted, out of reach
+        raise OSError(f"chroot: errno {ctypes.get_errno()}")    # of a process without privileges
+    os.chdir("/tmp/work")
+    return True
+
+
+def system_paths() -> list:
+    """What a worker's root keeps of the machine (read-only): the system's programs, libraries and /etc,
+    and Python's own files (its prefixes and every folder on the fork server's sys.path); each once, not
+    one inside another. Where Python's files live under a folder the sandbox user cannot enter (a pyenv
+    under /root), it still cannot: the folders on the way keep their owners and modes."""
+    wanted = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+              sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *sys.path]
+    kept = []
+    for path in sorted({os.path.normpath(p) for p in wanted if os.path.isabs(p) and os.path.isdir(p)}):
+        if path != "/" and not any(path.startswith(k + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+def lock_down() -> str:
+    """The last step before the student's code: no new privileges (a setuid program runs without its
+    owner's rights) and, on x86_64, a seccomp filter (seccomp_program) that everything the worker starts
+    inherits. Returns what holds, for the grader's note; where the kernel refuses the filter it says so."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0):                              # PR_SET_NO_NEW_PRIVS
+        raise OSError(f"no_new_privs: errno {ctypes.get_errno()}")
+    if os.uname().machine != "x86_64":
+        return "no new privileges, seccomp off (its syscall numbers are x86_64's)"
+
+    class Line(ctypes.Structure):                               # struct sock_filter
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Program(ctypes.Structure):                            # struct sock_fprog
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Line))]
+    lines = [Line(*line) for line in seccomp_program()]
+    program = Program(len(lines), (Line * len(lines))(*lines))
+    # the worker has one thread here (a fork's child), so the filter covers the whole process
+    if libc.prctl(22, 2, ctypes.byref(program), 0, 0):         # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        return f"no new privileges, seccomp off (errno {ctypes.get_errno()})"
+    return "no new privileges, seccomp on"
+
+
+def seccomp_program() -> list:
+    """The seccomp filter, as classic BPF lines (code, jump if true, jump if false, k) read by the kernel
+    before each system call: no user namespace (unshare or clone with CLONE_NEWUSER: EPERM), no new unix
+    socket (socket(AF_UNIX): EPERM; the worker's socket to the grader already exists, and a socket's path
+    would reach the host's services); clone3 and io_uring_setup answer ENOSYS, as in Docker's default
+    profile (glibc then falls back to clone, whose flags a filter can read; io_uring could open sockets
+    past it), and so does any call of another ABI (32-bit int 0x80, x32), whose numbers differ."""
+    load = lambda offset: (0x20, 0, 0, offset)          # BPF_LD | BPF_W | BPF_ABS: a 32-bit word of seccomp_data
+    answer = lambda errno: (0x06, 0, 0, 0x50000 | errno)  # BPF_RET: SECCOMP_RET_ERRNO | errno
+    allow = (0x06, 0, 0, 0x7FFF0000)                    # BPF_RET: SECCOMP_RET_ALLOW
+    enosys, eperm = 38, 1
+    program = [load(4), (0x15, 1, 0, 0xC000003E), answer(enosys),      # arch; BPF_JEQ AUDIT_ARCH_X86_64
+               load(0), (0x35, 0, 1, 0x40000000), answer(enosys)]      # the call's number; BPF_JGE the x32 bit
+    for number in (435, 425):                                          # clone3, io_uring_setup
+        program += [(0x15, 0, 1, number), answer(enosys)]
+    for number, test, value in ((41, 0x15, 1),                         # socket: BPF_JEQ AF_UNIX
+                                (272, 0x45, 0x10000000),               # unshare: BPF_JSET CLONE_NEWUSER
+                                (56, 0x45, 0x10000000)):               # clone: BPF_JSET CLONE_NEWUSER
+        program += [(0x15, 0, 4, number), load(16), (test, 0, 1, value), answer(eperm), allow]  # arg 0's low word
+    return program + [allow]
 
 
 def below(root: int) -> list:
@@ -3024,9 +3151,13 @@ class GraderFailure(Exception):
     """Something failed on the grader's side: the verdict says so and never blames the student."""
 
 
+INSTALLED = ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "silent_bug.txt", "hidden_seed.txt")  # what no student may read
+
+
 class Sandbox:
     """The fork server of one grading: its settings (the sandbox user as root, the memory limit) and
-    the socket to it. As a context manager it leaves no process behind."""
+    the socket to it. As root it refuses (ValueError) an installation whose files the sandbox user
+    could read. As a context manager it leaves no process behind."""
 
     def __init__(self, user=SANDBOX_USER, memory: int = MEMORY_LIMIT):
         import pwd
@@ -3037,10 +3168,13 @@ class Sandbox:
                 entry = pwd.getpwnam(user)
             except KeyError:
                 entry = pwd.getpwnam("nobody")         # a local grading run as root, without the bundle's user
+            exposed = [name for name in INSTALLED if (REPO / name).exists() and readable_by_others(REPO / name)]
+            if exposed:
+                raise ValueError(f"{REPO}: the sandbox user ({entry.pw_name}) can read {', '.join(exposed)}, and with "
+                                 f"them the reference, the hidden checks or the course's secret: run `chmod -R go-rwx "
+                                 f"{REPO}` (the bundle's setup.sh does) and grade again")
             self.uid = (entry.pw_uid, entry.pw_gid)
             self.note += f", user {entry.pw_name}"
-            if readable_by_others(REPO / "test_agentic_rl.py"):
-                self.note += f" (warning: it can read {REPO}; chmod -R go-rwx it, as the bundle's setup.sh does)"
         else:
             self.note += f", user {os.getuid()} (no sandbox user: the student's code has the grader's rights)"
         self.lock = None
@@ -3052,7 +3186,8 @@ class Sandbox:
                 print("another grading runs as the sandbox user; waiting for it to finish", file=sys.stderr)
                 fcntl.flock(self.lock, fcntl.LOCK_EX)
         ours, theirs = socket.socketpair()
-        server = (send, receive, to_wire, from_wire, serve, worker, below, kill_all, fork_server)
+        server = (send, receive, to_wire, from_wire, serve, worker, isolate, private_root, system_paths, lock_down,
+                  seccomp_program, below, kill_all, fork_server)
         code = "\n".join([SERVER_IMPORTS, project_imports(), *map(inspect.getsource, server),
                           f"fork_server({theirs.fileno()})"])
         env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith(("OMP_", "MKL_", "OPENBLAS_", "LC_", "LANG"))}
@@ -3114,7 +3249,7 @@ class Worker:
             setup = self._receive()
             if "sandbox" not in setup:
                 raise GraderFailure(f"the worker could not be set up ({setup.get('setup_failed', setup)})")
-            sandbox.network = f"network {setup['sandbox']['network']}, tmp {setup['sandbox']['tmp']}"
+            sandbox.isolation = setup["sandbox"]["isolation"]
             self.ready = self._receive()
         except BaseException:
             self.close()
@@ -3405,7 +3540,7 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
                 report[ex]["checks"].append({"name": name, "hidden": hidden, "status": status, "message": message})
     if rerun_seconds:
         audit(report, answers, key, rerun_seconds)
-    report["~sandbox"] = f"{sandbox.note}, {getattr(sandbox, 'network', 'no worker started')}"
+    report["~sandbox"] = f"{sandbox.note}, {getattr(sandbox, 'isolation', 'no worker started')}"
     return report
 
 
@@ -3802,7 +3937,7 @@ def course_here(capsys, *argv) -> tuple:
 def installation(tmp_path) -> Path:
     """A grading installation as the bundle lays it out (readable by root only, as setup.sh leaves it)."""
     source = tmp_path / "source"
-    source.mkdir()
+    source.mkdir(mode=0o700)
     for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "requirements.txt"):
         shutil.copy(REPO / name, source / name)
     return source
@@ -3827,7 +3962,7 @@ class SharedSandbox:
 
     def __enter__(self):
         hold(self.sandbox.lock, fcntl.LOCK_EX)
-        self.sandbox.__dict__.pop("network", None)              # this grading's workers say what they ran as
+        self.sandbox.__dict__.pop("isolation", None)              # this grading's workers say what they ran as
         return self.sandbox
 
     def __exit__(self, *exc):
@@ -3835,6 +3970,28 @@ class SharedSandbox:
             self.sandbox.clean()
         finally:
             hold(self.sandbox.lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="module")
+def private_installation(tmp_path_factory) -> Path:
+    """A copy of this installation in a folder only root can enter: Sandbox refuses, as root, an installation
+    the sandbox user could read, and this checkout may well be world-readable."""
+    copy = tmp_path_factory.mktemp("installation")
+    os.chmod(copy, 0o700)
+    for name in {*HANDOUT_FILES, *INSTALLED}:
+        if (REPO / name).exists():
+            (copy / name).parent.mkdir(exist_ok=True)
+            shutil.copy(REPO / name, copy / name)
+    return copy
+
+
+@pytest.fixture
+def graded_privately(private_installation):
+    """In this test the grader's installation (REPO) is private_installation; a patch of its own, which the
+    test's monkeypatch.undo() leaves alone."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys.modules[__name__], "REPO", private_installation)
+        yield private_installation
 
 
 @pytest.fixture(scope="module")
@@ -3848,9 +4005,9 @@ def fork_servers():
 
 
 @pytest.fixture
-def shared_sandbox(fork_servers):
-    """grade() in this test takes its fork server from fork_servers (see SharedSandbox); a patch of its own,
-    which the test's monkeypatch.undo() leaves alone."""
+def shared_sandbox(fork_servers, graded_privately):
+    """grade() in this test takes its fork server from fork_servers (see SharedSandbox) and grades from
+    private_installation; a patch of its own, which the test's monkeypatch.undo() leaves alone."""
     real = Sandbox
 
     def sandbox(user=SANDBOX_USER, memory: int = MEMORY_LIMIT):
@@ -4012,35 +4169,57 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
 
 
 HOSTILE = '''
-import json, os, socket, struct, sys, time
-RECORD, RESULTS, SOURCE, SUBMISSION = {record!r}, {results!r}, {source!r}, {submission!r}
+import ctypes, json, os, re, socket, struct, sys, time
+RESULTS, SOURCE, SUBMISSION, CLASSMATE, HOST_SOCKET = {results!r}, {source!r}, {submission!r}, {classmate!r}, {host!r}
+NOTES = []
 def note(what, data):
-    try:
-        with open(RECORD, "ab") as f:
-            f.write(what.encode() + b": " + (data if isinstance(data, bytes) else str(data).encode()) + b"\\n")
-    except OSError:
-        pass
+    NOTES.append(what + ": " + (data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)))
+def kl_k3(*args, **kwargs):                          # all this worker found, in the one message the grader reports
+    raise RuntimeError("\\n".join(NOTES))
 real_recv = socket.socket.recv
 def recv(self, *args, **kwargs):                     # record everything the grader sends
     data = real_recv(self, *args, **kwargs)
-    note("received", data)
+    note("received", re.sub(rb"[-0-9.e, ]{{40,}}", b"(numbers)", data))   # long runs of numbers hide no code
     return data
 socket.socket.recv = recv
+libc = ctypes.CDLL(None, use_errno=True)
+def checked(result):
+    if result < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return result
+def started(pid):                                    # a raw clone's child comes back here too: it leaves at once
+    if checked(pid) == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+def connect(path):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+clone_args = (ctypes.c_uint64 * 8)(0x10000000, 0, 0, 0, 17, 0, 0, 0)   # clone3's: CLONE_NEWUSER, exit signal SIGCHLD
+for name, attempt in [
+        ("read the installation", lambda: note("read", open(SOURCE + "/test_agentic_rl.py").read()[:200])),
+        ("write the installation", lambda: open(SOURCE + "/silent_bug.txt", "w").write("ratio_always_one")),
+        ("patch the checks", lambda: open(SOURCE + "/test_agentic_rl.py", "a").write("\\nHOMEWORK.clear()\\n")),
+        ("write answers.json", lambda: open(SUBMISSION + "/answers.json", "w").write('{{"silent_bug": "x"}}')),
+        ("read a classmate's file", lambda: note("read", open(CLASSMATE).read()[-200:])),
+        ("connect to a host socket", lambda: connect(HOST_SOCKET)),
+        ("clone a user namespace", lambda: started(libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0))),   # clone(2)
+        ("clone3 a user namespace", lambda: started(libc.syscall(435, ctypes.byref(clone_args), 64))),  # clone3(2)
+        ("unshare a user namespace", lambda: checked(libc.unshare(0x10000000)))]:      # last: it would stay in it
+    try:
+        attempt()
+        note(name, "an attempt worked")
+    except OSError as e:
+        note(name, f"refused ({{e}})")
+for line in open("/proc/self/status").read().splitlines():
+    if line.startswith(("NoNewPrivs:", "Seccomp:")):
+        note("status", line)
+note("processes", sorted(int(pid) for pid in os.listdir("/proc") if pid.isdigit()))
 for pid in filter(str.isdigit, os.listdir("/proc")):  # look for the grader through /proc
     for what in ("cwd", "root"):
         try:
             note("found", os.readlink(f"/proc/{{pid}}/{{what}}"))
         except OSError:
             pass
-for attempt in (lambda: note("read", open(SOURCE + "/test_agentic_rl.py").read()[:200]),
-                lambda: open(SOURCE + "/silent_bug.txt", "w").write("ratio_always_one"),
-                lambda: open(SOURCE + "/test_agentic_rl.py", "a").write("\\nHOMEWORK.clear()\\n"),
-                lambda: open(SUBMISSION + "/answers.json", "w").write(json.dumps({{"silent_bug": "ratio_always_one"}}))):
-    try:
-        attempt()
-        note("done", "an attempt worked")
-    except OSError as e:
-        note("refused", e)
 os.write(1, b"\\xff\\xfe not utf-8 " + struct.pack("!Q", 12) + b'{{"value": 1}}' + b"\\n" * 3)
 os.write(2, b'{{"ready": true}}\\n\\xff' * 500)
 if os.fork() == 0:                                   # a detached child that outlives the worker
@@ -4050,9 +4229,8 @@ if os.fork() == 0:                                   # a detached child that out
             try:
                 with open(RESULTS, "w") as f:
                     f.write(json.dumps({{"score": 140.0, "tests": []}}))
-                note("child", "wrote the results")
-            except OSError as e:
-                note("child", e)
+            except OSError:
+                pass
             time.sleep(0.05)
     os._exit(0)
 '''
@@ -4065,42 +4243,61 @@ def alive_as(uid: int) -> list:
 
 @pytest.mark.skipif(os.getuid() != 0, reason="the sandbox user needs a grader running as root (as on Gradescope)")
 def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_path):
-    source, submission, results = installation(tmp_path), tmp_path / "sub", tmp_path / "results.json"
-    record = Path(tempfile.mkdtemp(dir="/run")) / "record.txt"   # outside the worker's private /tmp: our window
-    os.chmod(record.parent, 0o777)
-    write_handout(submission, only=["returns", "kl_k3"])
-    fill(submission / "agentic_rl.py", "returns", ["G, out = 0.0, []", "for r_k in reversed([float(x) for x in r]):",
-                                                   "    G = r_k + gamma * G", "    out.append(G)",
-                                                   "return torch.tensor(out[::-1])"])
-    (submission / "answers.json").unlink()
-    with open(submission / "agentic_rl.py", "a") as f:
-        f.write(HOSTILE.format(record=str(record), results=str(results), source=str(source), submission=str(submission)))
-    installed = lambda: {p.name: p.read_bytes() for p in source.iterdir() if p.is_file()}   # not __pycache__
-    before = installed()
-    course("grade", submission, "--only", "returns,kl_k3,silent_bug", "--json", results, cwd=source, check_exit=1)
-    graded = json.loads(results.read_text())
-    time.sleep(1.0)                                  # a surviving child would rewrite results.json by now
-    assert json.loads(results.read_text()) == graded and alive_as(pwd_uid()) == []
-    assert installed() == before, "the installation is unchanged"
-    assert not (submission / "answers.json").exists() or graded["tests"][-2]["score"] == 0
-    tests = {t["name"]: t for t in graded["tests"]}
-    assert tests["returns (visible checks)"]["score"] == tests["returns (visible checks)"]["max_score"] > 0, \
-        "correct code passes whatever bytes it prints"
-    assert tests["returns (hidden checks)"]["score"] == tests["returns (hidden checks)"]["max_score"]
-    assert tests["kl_k3 (visible checks)"]["score"] == 0
-    seen = record.read_bytes()
-    assert b"an attempt worked" not in seen and b"wrote the results" not in seen and b"refused" in seen
-    assert not [line for line in seen.splitlines() if line.startswith(b"found: ") and str(tmp_path).encode() in line], \
-        "/proc shows the student nothing of the grader's directories"
-    reference = (REPO / "agentic_rl.py").read_text()
-    lines = {normalized(line) for line in reference.splitlines() if len(normalized(line)) > 24}
-    received = seen.decode("utf-8", "replace")
-    assert b"received" in seen and not [line for line in lines if line in received], "no reference code crossed"
-    shutil.rmtree(record.parent)
-    blank = tmp_path / "blank"                       # the next student, graded by the same installation
-    write_handout(blank)
-    course("grade", blank, "--only", "returns,silent_bug", "--json", tmp_path / "blank.json", cwd=source, check_exit=1)
-    assert json.loads((tmp_path / "blank.json").read_text())["score"] == 0
+    """A submission graded as Gradescope grades (as root, from an installation only root can read) in a TA's local
+    batch of world-readable folders, beside a host service's unix socket: it reads /proc, tries to read and write
+    the installation, to write its answers, to read a classmate's file, to reach the socket, to make a user
+    namespace three ways, prints bytes that look like frames, and leaves a child that rewrites the results. It
+    reports all it found through its error message, the one way out it has; the classmate is graded next."""
+    source, results = installation(tmp_path), tmp_path / "results.json"
+    batch = Path(tempfile.mkdtemp(dir="/run"))       # outside /tmp, which each worker has of its own
+    os.chmod(batch, 0o755)
+    submission, classmate = batch / "alice", batch / "bob"
+    write_handout(classmate)
+    with open(classmate / "agentic_rl.py", "a") as f:
+        f.write("\n# bob's own work\n")
+    host = socket.socket(socket.AF_UNIX)
+    host.bind(str(batch / "host.sock"))
+    host.listen()
+    os.chmod(batch / "host.sock", 0o777)
+    try:
+        write_handout(submission, only=["returns", "kl_k3"])
+        fill(submission / "agentic_rl.py", "returns", ["G, out = 0.0, []", "for r_k in reversed([float(x) for x in r]):",
+                                                       "    G = r_k + gamma * G", "    out.append(G)",
+                                                       "return torch.tensor(out[::-1])"])
+        (submission / "answers.json").unlink()
+        with open(submission / "agentic_rl.py", "a") as f:
+            f.write(HOSTILE.format(results=str(results), source=str(source), submission=str(submission),
+                                   classmate=str(classmate / "agentic_rl.py"), host=str(batch / "host.sock")))
+        installed = lambda: {p.name: p.read_bytes() for p in source.iterdir() if p.is_file()}   # not __pycache__
+        before = installed()
+        done = course("grade", submission, "--only", "returns,kl_k3,silent_bug", "--json", results, cwd=source,
+                      check_exit=1)
+        graded = json.loads(results.read_text())
+        time.sleep(1.0)                              # a surviving child would rewrite results.json by now
+        assert json.loads(results.read_text()) == graded and alive_as(pwd_uid()) == []
+        assert installed() == before, "the installation is unchanged"
+        assert not (submission / "answers.json").exists() or graded["tests"][-2]["score"] == 0
+        tests = {t["name"]: t for t in graded["tests"]}
+        assert tests["returns (visible checks)"]["score"] == tests["returns (visible checks)"]["max_score"] > 0, \
+            "correct code passes whatever bytes it prints"
+        assert tests["returns (hidden checks)"]["score"] == tests["returns (hidden checks)"]["max_score"]
+        assert tests["kl_k3 (visible checks)"]["score"] == 0
+        seen = tests["kl_k3 (visible checks)"]["output"] + tests["kl_k3 (hidden checks)"]["output"]   # its messages
+        assert "an attempt worked" not in seen and seen.count("refused") >= 9, seen
+        assert "bob's own work" not in json.dumps(graded), "a classmate's folder is out of reach"
+        assert "status: NoNewPrivs:\t1" in seen and "status: Seccomp:\t2" in seen, seen
+        assert "processes: [1]" in seen or "pids shared" in done.stdout, "it sees only what it started"
+        assert not [line for line in seen.splitlines() if line.startswith("found: ") and str(tmp_path) in line], \
+            "/proc shows the student nothing of the grader's directories"
+        reference = (REPO / "agentic_rl.py").read_text()
+        lines = {normalized(line) for line in reference.splitlines() if len(normalized(line)) > 24}
+        assert "received" in seen and not [line for line in lines if line in seen], "no reference code crossed"
+        course("grade", classmate, "--only", "returns,silent_bug", "--json", tmp_path / "bob.json", cwd=source,
+               check_exit=1)                         # the next student, graded by the same installation
+        assert json.loads((tmp_path / "bob.json").read_text())["score"] == 0
+    finally:
+        host.close()
+        shutil.rmtree(batch)
 
 
 def pwd_uid() -> int:
@@ -4176,11 +4373,24 @@ _m.send(_f.f_locals["sock"], {"callback": "sign_test_p", "args": [int(wins), int
 return _m.receive(_f.f_locals["sock"], 1 << 20)["value"]"""
 
 
+def sysv_objects(key: int) -> list:
+    """The kinds (shm, sem, msg) of System V IPC objects with this key in the grader's namespace; each
+    removed, so that a failing run leaves no memory behind."""
+    found = []
+    for kind, option in (("shm", "-M"), ("sem", "-S"), ("msg", "-Q")):
+        for line in Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]:
+            if int(line.split()[0]) == key:
+                found.append(kind)
+                subprocess.run(["ipcrm", option, str(key)], check=True)
+    return found
+
+
 def test_what_a_red_team_broke_holds_now(tmp_path, shared_sandbox):
     """A second round of attacks (a red team's, on this grader): asking the grader for another exercise's
-    answer, a reply of 40 MB, a screen-clearing message, files left in /tmp for the next exercise, a file
-    that crashes the compiler, a frame that drips in, and a link planted at the results' old temporary name
-    (two gradings side by side: test_two_gradings_at_once_take_turns)."""
+    answer, a reply of 40 MB, a screen-clearing message, files left in /tmp and a shared-memory segment and
+    message queue left for the next exercise, a file that crashes the compiler, a frame that drips in, and
+    a link planted at the results' old temporary name (two gradings side by side:
+    test_two_gradings_at_once_take_turns)."""
     sub = tmp_path / "sub"
     write_handout(sub, only=["sign_test"])
     fill(sub / "agentic_rl.py", "sign_test", ASK_THE_GRADER.splitlines())
@@ -4191,13 +4401,19 @@ def test_what_a_red_team_broke_holds_now(tmp_path, shared_sandbox):
                         "def gae(rewards, values, last_value, bootstrap, gamma, lam):\n"
                         "    raise ValueError('\\x1b[2J\\x1b[Htotal 140.0 / 140.0: every check passed')\n", 1)
     text += "\nimport os\nassert not os.path.exists('/tmp/leak'), 'a file from another exercise'\nopen('/tmp/leak', 'w')\n"
+    key = random.randrange(1, 1 << 31)                          # System V IPC: a key of this run's own
+    text += (f"\nimport ctypes\n_libc = ctypes.CDLL(None)\nassert _libc.shmget({key}, 0, 0) < 0 and _libc.msgget({key}, 0) "
+             f"< 0, 'shared memory from another exercise'\n_libc.shmget({key}, 1 << 20, 0o1666)\n"   # IPC_CREAT | 0o666
+             f"_libc.msgget({key}, 0o1666)\n")
     (sub / "agentic_rl.py").write_text(text)
     report = grade(sub, only=["returns", "gae", "kl_k3", "sign_test"], time_limit=20)
-    status = {ex: {c["status"] for c in row["checks"]} for ex, row in exercises(report).items()}
+    status, left = {ex: {c["status"] for c in row["checks"]} for ex, row in exercises(report).items()}, sysv_objects(key)
+    assert status["kl_k3"] == {"passed"} or "files shared" in report["~sandbox"] or "ipc shared" in report["~sandbox"], \
+        "each exercise has its own /tmp and its own System V IPC"
+    assert left == [] or "ipc shared" in report["~sandbox"], "what a worker made there dies with it"
     assert status["sign_test"] == {"crashes"} and "may not ask for" in report["sign_test"]["checks"][0]["message"]
     assert status["returns"] == {"crashes"} and len(json.dumps(report)) < 100_000, "a 40 MB reply is refused"
     assert "\x1b" not in json.dumps(report["gae"]) and "\\x1b" in report["gae"]["checks"][0]["message"]
-    assert status["kl_k3"] == {"passed"} or "tmp shared" in report["~sandbox"], "each exercise has its own /tmp"
     (sub / "agentic_rl.py").write_text("x = " + "+".join(["1"] * 200_000) + "\n")   # the compiler's recursion
     shutil.copy(REPO / "envs.py", sub / "envs.py")
     report = exercises(grade(sub, only=["returns", "permission_rule"]))
@@ -4220,7 +4436,7 @@ def test_what_a_red_team_broke_holds_now(tmp_path, shared_sandbox):
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="the sandbox user needs a grader running as root")
-def test_two_gradings_at_once_take_turns(tmp_path):
+def test_two_gradings_at_once_take_turns(tmp_path, graded_privately):
     sub = tmp_path / "sub"
     sub.mkdir()
     for name in ("agentic_rl.py", "envs.py"):
@@ -4238,6 +4454,27 @@ def test_two_gradings_at_once_take_turns(tmp_path):
     assert [sum(score(row)[0] for row in exercises(r).values()) for r in reports] == [20.0, 20.0], \
         "each grading kills only its own workers"
     assert all(c["status"] == "passed" for r in reports for row in exercises(r).values() for c in row["checks"])
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only a grader running as root has a sandbox user to keep out")
+def test_an_installation_the_sandbox_user_can_read_is_refused(tmp_path, capsys, monkeypatch):
+    readable = Path(tempfile.mkdtemp(dir="/run"))    # a world-readable clone, as a TA might grade from
+    try:
+        os.chmod(readable, 0o755)
+        for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py"):
+            shutil.copy(REPO / name, readable / name)
+            os.chmod(readable / name, 0o644)
+        monkeypatch.setattr(sys.modules[__name__], "REPO", readable)
+        code, printed = course_here(capsys, "grade", tmp_path, "--only", "returns")
+        assert code == 2 and "can read agentic_rl.py, envs.py, test_agentic_rl.py" in printed, printed
+        assert f"run `chmod -R go-rwx {readable}`" in printed and "Traceback" not in printed
+        for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py"):
+            os.chmod(readable / name, 0o600)
+        (readable / "hidden_seed.txt").write_text("the course's secret\n")   # only the secret left open
+        code, printed = course_here(capsys, "grade", tmp_path, "--only", "returns")
+        assert code == 2 and "can read hidden_seed.txt," in printed, printed
+    finally:
+        shutil.rmtree(readable)
 
 
 def test_hidden_inputs_come_from_the_course_secret():
