@@ -1615,7 +1615,7 @@ def test_examples_html_draws_the_worked_mask_and_group(tmp_path, capsys):
     assert chips == [(algo, a) for ep in A.worked_group() for _, g, s in ep for algo, a in (("grpo", g), ("stepgroup", s))]
 
 
-def plant(where: str) -> str:
+def markup(where: str) -> str:
     """Markup that would run script in a browser if a page drew it live; `where` names the field it was planted in."""
     return f"<script>alert(1)</script><img src=x onerror=alert(1) data-plant='{where}'>"
 
@@ -1623,11 +1623,11 @@ def plant(where: str) -> str:
 def planted(record, where=""):
     """A JSON record with every value (numbers too) and every category name replaced by a plant naming its place."""
     if isinstance(record, dict):
-        return {plant(f"{where}.{k}") if where.endswith("categories") else k: planted(v, f"{where}.{k}".lstrip("."))
+        return {markup(f"{where}.{k}") if where.endswith("categories") else k: planted(v, f"{where}.{k}".lstrip("."))
                 for k, v in record.items()}
     if isinstance(record, list):
         return [planted(v, f"{where}.{i}") for i, v in enumerate(record)]
-    return plant(where)
+    return markup(where)
 
 
 def nothing_live(path, drawn) -> str:
@@ -1637,7 +1637,7 @@ def nothing_live(path, drawn) -> str:
     assert not [e for e in page.elements if e["tag"] in ("script", "img") or any(a.startswith("on") or a == "data-plant"
                                                                                  for a in e)], "live planted markup"
     text = __import__("html").unescape(Path(path).read_text())
-    assert [w for w in drawn if plant(w) not in text] == [], "these planted fields were not drawn at all"
+    assert [w for w in drawn if markup(w) not in text] == [], "these planted fields were not drawn at all"
     return text
 
 
@@ -1650,10 +1650,10 @@ def test_no_page_runs_markup_planted_in_the_files_it_draws(default_runs, tmp_pat
     summary = json.loads((run / "summary.json").read_text())
     (run / "summary.json").write_text(json.dumps(planted(summary)))
     metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
-    (run / "metrics.jsonl").write_text("".join(json.dumps({**m, plant("key"): plant("value"), "truncated_by":
-                                               {**m["truncated_by"], plant("cut"): 1}}) + "\n" for m in metrics))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({**m, markup("key"): markup("value"), "truncated_by":
+                                               {**m["truncated_by"], markup("cut"): 1}}) + "\n" for m in metrics))
     ckpt = torch.load(run / "final.pt", weights_only=True)
-    ckpt["config"]["run_dir"] = str(run) + plant("config.run_dir")  # the only free-text setting (the rest are choices)
+    ckpt["config"]["run_dir"] = str(run) + markup("config.run_dir")  # the only free-text setting (the rest are choices)
     torch.save(ckpt, run / "final.pt")
     A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
     gates = [f"release_gates.{i}.{key}" for i in range(len(summary["release_gates"]))
@@ -1661,21 +1661,21 @@ def test_no_page_runs_markup_planted_in_the_files_it_draws(default_runs, tmp_pat
     text = nothing_live(run / "report.html", ["config.run_dir", "deployed.is", "deployed.test_success",
                                               "warm_start.test_success", "wall_seconds", "promotion_reason", *gates,
                                               "reports.incumbent.dev.success", "reports.candidate.test.ci95.0"])
-    assert "onerror=alert('run-dir')" in text and plant("reports.incumbent.dev.categories.seats") in text
+    assert "onerror=alert('run-dir')" in text and markup("reports.incumbent.dev.categories.seats") in text
 
-    tok = A.Tokenizer([plant("word")])                   # an observation, an action, a gate's reason, a cut's name
-    word = tok.stoi[plant("word")]
+    tok = A.Tokenizer([markup("word")])                   # an observation, an action, a gate's reason, a cut's name
+    word = tok.stoi[markup("word")]
     ep = make_episode("planted", turns=[make_turn([tok.obs, word, tok.act], [word, tok.eoa], truncated=True,
-                                                  truncated_by=plant("cut"))])
-    ep.turns[0].gate_allowed, ep.turns[0].gate_reason = False, plant("gate")
-    A.write_page(tmp_path / "episode.html", "--html", plant("title"), A.episode_html(ep, tok, None, 1.0, 8, plant("caption")))
+                                                  truncated_by=markup("cut"))])
+    ep.turns[0].gate_allowed, ep.turns[0].gate_reason = False, markup("gate")
+    A.write_page(tmp_path / "episode.html", "--html", markup("title"), A.episode_html(ep, tok, None, 1.0, 8, markup("caption")))
     nothing_live(tmp_path / "episode.html", ["word", "cut", "gate", "title", "caption"])
 
     record = {"test_success_mean": 0.5, "min": 0.5, "max": 0.5, "pass^k_mean": 0.5, "wall_seconds_mean": 1.0,
               "per_seed": [{"success": 0.5, "first_at_0.9": 1}]}
     result = planted({"env": envs.FLIGHT_ID, "seeds": [0], "iterations": 2, "episodes_per_iteration": 4,
                       "eval_episodes": 4, "config": {"pass_k": 1}, "routes": {"grpo": record}})
-    result["routes"] = {plant("route"): {**result["routes"]["grpo"], "curves": [[0.5, 1.0]]}}  # drawn as numbers
+    result["routes"] = {markup("route"): {**result["routes"]["grpo"], "curves": [[0.5, 1.0]]}}  # drawn as numbers
     A.write_compare(tmp_path / "compare.html", result)
     nothing_live(tmp_path / "compare.html", ["route", "env", "seeds.0", "iterations", "episodes_per_iteration",
                                              "eval_episodes", "config.pass_k", *(f"routes.grpo.{key}" for key in record if key != "per_seed"),
