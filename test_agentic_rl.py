@@ -4470,7 +4470,7 @@ def test_an_installation_the_sandbox_user_can_read_is_refused(tmp_path, capsys, 
         assert f"run `chmod -R go-rwx {readable}`" in printed and "Traceback" not in printed
         for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py"):
             os.chmod(readable / name, 0o600)
-        (readable / "hidden_seed.txt").write_text("the course's secret\n")   # only the secret left open
+        (readable / "hidden_seed.txt").write_text("0123456789abcdef" * 2 + "\n")   # only the secret left open
         code, printed = course_here(capsys, "grade", tmp_path, "--only", "returns")
         assert code == 2 and "can read hidden_seed.txt," in printed, printed
     finally:
