@@ -2127,6 +2127,7 @@ CLOCK_SETTINGS = {"value_zero": {}, "bootstrap_budget": {"bootstrap_budget": Tru
                   "hidden_clock_bootstrap_budget": {"bootstrap_budget": True, "hide_clock": True}}
 E3_RUN, E8_RUNS = {"env": envs.CODE_ID, "algo": "gae"}, ({}, {"env": envs.CODE_ID, "algo": "gae"})  # on top of defaults
 README_SEEDS = [0, 1, 2]  # the seeds the README measured; a handout with an id carries its own (answers.json's "seeds")
+WARM_ENOUGH = 0.3         # a warm start's dev success from which RL can learn (CodeRepair: 0.52 at seeds 0-2)
 
 
 def run_record(run_dir) -> dict:
@@ -2159,10 +2160,10 @@ def record_of(record, what, seed, **asked) -> dict:
     curve = [round(m.get("success", -1), 4) for m in metrics]
     assert len(metrics) == config["iterations"] and curve == summary.get("train_success_curve"), \
         f"{what}: metrics.jsonl and summary.json disagree (iterations, or the training success per iteration)"
-    candidate = summary.get("candidate") if isinstance(summary.get("candidate"), dict) else {}
-    dev = candidate.get("dev_success")
-    assert type(dev) in (int, float) and 0 <= dev <= 1, f"{what}: summary.json's candidate dev_success is not a " \
-                                                        f"number in [0, 1]\n  obtained {dev!r}"
+    for part in ("warm_start", "candidate"):
+        dev = (summary.get(part) if isinstance(summary.get(part), dict) else {}).get("dev_success")
+        assert type(dev) in (int, float) and 0 <= dev <= 1, f"{what}: summary.json's {part} dev_success is not a " \
+                                                            f"number in [0, 1]\n  obtained {dev!r}"
     return summary
 
 
@@ -2208,18 +2209,28 @@ def silent_bug_answer_carries_the_runs_before_and_after_the_fix(answers, key):
 # BEGIN GRADER ONLY: the hidden checks, kept out of handouts
 @check("clock", hidden=True, table=EXPERIMENT_CHECKS)
 def clock_numbers_show_the_effect_the_reference_runs_show(answers, key):
-    """The reference's runs (README, E3; seeds 0, 1, 2, the only ones measured): valuing the budget 0 reaches
-    1.000 on every seed, bootstrapping it ends at 0.000-0.460, with or without the clock; the thresholds sit
-    well inside these numbers, to leave room for a student's own seeds and another machine."""
+    """The reference's runs (README, E3; seeds 0, 1, 2): valuing the budget 0 reaches 1.000 on every seed,
+    bootstrapping it ends at 0.000-0.460, with or without the clock. Judged on the pairs (one seed, one clock
+    setting: both runs share the warm start) whose warm start can already repair: from one below WARM_ENOUGH
+    neither setting learns (seed 43064: 0.125 -> 0.110 and 0.125), which says nothing about the clock. Fewer than
+    two such pairs: not checked."""
     clock_numbers_are_your_runs_own_records(answers, key)
-    mean = {k: round(sum(answers["clock"][k]) / 3, 3) for k in CLOCK_SETTINGS}
-    assert mean["value_zero"] >= 0.8 and mean["hidden_clock_value_zero"] >= 0.8, \
-        f"answers.json: with the budget valued 0 the reference reaches 1.000 on every seed\n  obtained means {mean}"
-    assert mean["value_zero"] - mean["bootstrap_budget"] >= 0.3 and \
-        mean["hidden_clock_value_zero"] - mean["hidden_clock_bootstrap_budget"] >= 0.3, \
-        f"answers.json: bootstrapping the budget loses 0.85 of the mean dev success in the reference runs " \
-        f"(0.3 or more expected, with and without the clock)\n  obtained means {mean}"
-    why = str(answers["clock"].get("why", "")).lower()
+    clock, pairs = answers["clock"], []
+    for value, boot in (("value_zero", "bootstrap_budget"), ("hidden_clock_value_zero", "hidden_clock_bootstrap_budget")):
+        for i in range(3):
+            warm = [clock["runs"][k][i]["summary"]["warm_start"]["dev_success"] for k in (value, boot)]
+            assert warm[0] == warm[1], f"answers.json: clock.runs.{value}[{i}] and {boot}[{i}] differ in warm start " \
+                                       f"({warm[0]} and {warm[1]}): one seed's warm start does not depend on the value"
+            pairs += [(clock[value][i], clock[boot][i])] if warm[0] >= WARM_ENOUGH else []
+    if len(pairs) < 2:
+        raise NotChecked(f"only {len(pairs)} of your six (seed, clock) pairs start from a warm start that can repair "
+                         f"(dev success >= {WARM_ENOUGH})")
+    value, boot = (round(sum(p[j] for p in pairs) / len(pairs), 3) for j in (0, 1))
+    assert value >= 0.8, f"answers.json: with the budget valued 0 the reference reaches 1.000 on every seed; " \
+                         f"your {len(pairs)} pairs from a warm start that can repair: mean {value}"
+    assert value - boot >= 0.3, f"answers.json: bootstrapping the budget loses 0.85 of the mean dev success in the " \
+                                f"reference runs (0.3 or more expected); your pairs: {value} valued 0, {boot} bootstrapped"
+    why = str(clock.get("why", "")).lower()
     assert any(w in why for w in ("bootstrap", "v(s", "value")) and any(w in why for w in ("turn", "budget", "clock")), \
         "answers.json: clock.why must say what the value after the budget does (bootstrap / V(s)) to the turns"
 
@@ -2232,10 +2243,13 @@ def numbers_in(text: str) -> list:
 @check("silent_bug", hidden=True, table=EXPERIMENT_CHECKS)
 def silent_bug_evidence_quotes_the_runs_numbers(answers, key):
     """The evidence quotes, for every seed, a value (one iteration's, or the run's mean, to the digits
-    written) of a metric it names, read from that seed's records with the bug."""
+    written) of a metric it names, read from that seed's records with the bug; 24 numbers at most, so that
+    it cannot list every value. It makes a made-up answer cost reading; a rerun is what proves a record."""
     silent_bug_answer_carries_the_runs_before_and_after_the_fix(answers, key)
     evidence, runs = str(answers["silent_bug_evidence"])[:5000], answers["silent_bug_runs"]
     cited, written = [k for k in MONITOR_KEYS if re.search(rf"\b{k}\b", evidence)], numbers_in(evidence)
+    assert len(written) <= 24, f"answers.json: silent_bug_evidence writes {len(written)} numbers; quote at most 24 " \
+                               "(a list of every value would match any run)"
     for seed in range(3):
         values = [v for i in (seed, seed + 3) for k in cited for v in [m.get(k) for m in runs[i]["metrics"]] +
                   [mean_of(runs[i]["metrics"], k) if all(isinstance(m.get(k), (int, float)) for m in runs[i]["metrics"])
@@ -2254,8 +2268,13 @@ def silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not(answers, key)
     assert key["silent_bug"] in SILENT_BUGS, key.get("why") or "the grader was not told which bug was planted " \
         "(grade --silent-bug ID, the bundle's silent_bug.txt, or a handout id with the course's secret)"
     env_id, signature, holds = SILENT_BUGS[key["silent_bug"]][4]
-    before, after = ([holds(r["metrics"]) for r in answers[field] if r["summary"]["config"]["env"] == env_id]
+    judged = lambda r: r["summary"]["config"]["env"] == env_id and r["summary"]["warm_start"]["dev_success"] >= \
+        WARM_ENOUGH    # from a warm start that cannot repair, even a fixed run stalls (truncation 0.66 at seed 43064)
+    before, after = ([holds(r["metrics"]) for r in answers[field] if judged(r)]
                      for field in ("silent_bug_runs", "silent_bug_fixed_runs"))
+    if min(len(before), len(after)) < 2:
+        raise NotChecked(f"fewer than two runs with the bug or after the fix start from a warm start that can repair "
+                         f"(dev success >= {WARM_ENOUGH})")
     assert sum(before) >= 2, f"the runs in silent_bug_runs do not show the planted bug's signature ({signature})"
     assert sum(after) <= 1, f"the runs in silent_bug_fixed_runs still show the planted bug's signature ({signature}): " \
                             "the bug is not fixed"
@@ -2600,10 +2619,13 @@ def strong_secret(secret) -> str:
     """The course's secret, refused below 128 bits (32 hexadecimal digits): a short one (4242) is found from a
     single handout id by trying them all, and with it ids can be forged and hidden inputs computed."""
     secret = str(secret).strip()
-    if not re.fullmatch(r"[0-9a-fA-F]{32,}", secret):
-        raise ValueError(f"the course's secret holds fewer than 128 bits (it must be 32 or more hexadecimal digits; it "
-                         f"has {len(secret)} characters): make one with {MAKE_A_SECRET} and put it in {SECRET_ENV} "
-                         "(a grading installation keeps it in hidden_seed.txt, readable by root only)")
+    typed = len(set(secret.lower())) < 8 or any(secret == (secret[:p] * len(secret))[:len(secret)]  # 42424242...,
+                                                   for p in range(1, len(secret) // 2 + 1))        # 0123...f0123...f
+    if not re.fullmatch(r"[0-9a-fA-F]{32,}", secret) or typed:  # token_hex(16) has 8 distinct digits or more: < 1e-5
+        raise ValueError(f"the course's secret holds fewer than 128 bits (it must be 32 or more hexadecimal digits, "
+                         f"drawn at random, not a pattern; it has {len(secret)} characters): make one with "
+                         f"{MAKE_A_SECRET} and put it in {SECRET_ENV} (a grading installation keeps it in "
+                         "hidden_seed.txt, readable by root only)")
     return secret
 
 
@@ -3151,6 +3173,11 @@ class GraderFailure(Exception):
     """Something failed on the grader's side: the verdict says so and never blames the student."""
 
 
+class NotChecked(Exception):
+    """A check the grader cannot make on this submission's evidence (runs that show nothing to judge): it costs
+    the student nothing and is flagged for a TA."""
+
+
 INSTALLED = ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "silent_bug.txt", "hidden_seed.txt")  # what no student may read
 
 
@@ -3443,6 +3470,8 @@ def run_check(check, *args) -> tuple:
     try:
         check(*args)
         return "passed", ""
+    except NotChecked as e:
+        return "not checked", f"{e}: not checked, no points lost; a TA may look"
     except Exception as e:
         status, message = verdict(e)
         return status, printable(message)
@@ -3544,6 +3573,7 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
     return report
 
 
+AUDIT_SECONDS = 600.0   # the bundle's audit per grading: about one E3 and one E8 run trained again on 2 cores
 RERUN_TOLERANCE = 0.1   # dev success, and training success over the run: the same seed on the same machine gives the
                         # same numbers, another machine may differ by a few tasks, a made-up record by much more
 RECORD_CHECKS = {"clock": clock_numbers_are_your_runs_own_records.__name__,     # an experiment's runs are audited once
@@ -3591,9 +3621,10 @@ def rerun_check(where: str, record: dict, settings: dict, bug, seconds: float) -
     except Exception as e:                              # the grader's time or machine, never the student's doing
         return {**check, "status": "not checked", "message": f"the grader could not finish this rerun "
                 f"({type(e).__name__}): not checked, no points lost; a TA may give --rerun more seconds"}
-    read = lambda r: (r["summary"]["candidate"]["dev_success"], mean_of(r["metrics"], "success"))
+    read = lambda r: (r["summary"]["warm_start"]["dev_success"], r["summary"]["candidate"]["dev_success"],
+                      mean_of(r["metrics"], "success"))
     differ = [f"{what} {mine:.3f} in the record, {theirs:.3f} trained again here" for what, mine, theirs in
-              zip(("candidate dev success", "mean training success"), read(record), read(again))
+              zip(("warm start dev success", "candidate dev success", "mean training success"), read(record), read(again))
               if abs(mine - theirs) > RERUN_TOLERANCE]
     return {**check, "status": "wrong" if differ else "passed", "message": f"{where} (seed {settings['seed']}): "
             f"{'; '.join(differ)} (tolerance {RERUN_TOLERANCE})" if differ else ""}
@@ -3659,7 +3690,8 @@ def unchecked(row: dict) -> bool:
 
 
 SUSPICIOUS = "visible checks pass, hidden checks fail: a TA should read this code (hard-coded answers?)"
-NOT_CHECKED = "a rerun the grader could not finish is not checked (no points lost): a TA may rerun it"
+NOT_CHECKED = "a check the grader could not make (a rerun it could not finish, runs with nothing to judge) is not " \
+              "checked (no points lost): a TA may look"
 
 
 def print_grade(report: dict) -> bool:
@@ -3679,8 +3711,10 @@ def print_grade(report: dict) -> bool:
                 print(f"\n[{ex}] {c['name']} ({'hidden' if c['hidden'] else 'visible'} check): {c['status']}\n"
                       f"{textwrap.indent(c['message'], '    ')}")
     earned, possible = (sum(score(row)[i] for row in rows.values()) for i in (0, 1))
-    print(f"\ntotal {earned:.1f} / {possible:.1f}: " + ("every check passed" if earned == possible else
-                                                     "some checks did not pass"))
+    skipped = sum(c["status"] == "not checked" for row in rows.values() for c in row["checks"])
+    print(f"\ntotal {earned:.1f} / {possible:.1f}: " + ("some checks did not pass" if earned != possible else
+                                                     f"every check made passed; {skipped} not checked" if skipped else
+                                                     "every check passed"))
     return earned == possible
 
 
@@ -3730,7 +3764,7 @@ AUTOGRADER_RUN = """#!/usr/bin/env bash
 cd /autograder/source
 rm -f /autograder/results/results.json
 python3 agentic_rl.py grade /autograder/submission --metadata /autograder/submission_metadata.json \\
-  --json /autograder/results/results.json{only}
+  --json /autograder/results/results.json{only}{rerun}
 status=$?
 if [ ! -s /autograder/results/results.json ]; then
   echo "run_autograder: the grader wrote no results.json (exit $status): a grader failure, not the student's" >&2
@@ -3739,11 +3773,11 @@ fi
 """
 
 
-def write_autograder(path, only=None, silent_bug=None, hidden_seed=None) -> list:
+def write_autograder(path, only=None, silent_bug=None, hidden_seed=None, rerun: float = 0.0) -> list:
     """`homework --autograder OUT.zip`: Gradescope's bundle, setup.sh and run_autograder at its root
     with the grading installation (the reference, every check, the secret); it grades --only's
     exercises when given, each submission against the handout ids of its submitters (Gradescope's
-    submission_metadata.json)."""
+    submission_metadata.json), and audits the experiments' records with `rerun` seconds of training."""
     import zipfile
     path = Path(path)
     if path.suffix != ".zip" or path.exists():
@@ -3752,7 +3786,10 @@ def write_autograder(path, only=None, silent_bug=None, hidden_seed=None) -> list
     if silent_bug not in (None, *SILENT_BUGS):
         raise ValueError(f"--silent-bug {silent_bug}: use one of {', '.join(SILENT_BUGS)}")
     check_only(only, [*EXERCISES, *EXPERIMENTS])
-    run = AUTOGRADER_RUN.format(only=f" --only {','.join(only)}" if only else "")
+    if not (math.isfinite(rerun) and rerun >= 0):
+        raise ValueError(f"--rerun {rerun}: seconds for the audit, 0 (off) or more")
+    run = AUTOGRADER_RUN.format(only=f" --only {','.join(only)}" if only else "",
+                                rerun=f" --rerun {rerun:g}" if rerun else "")
     members = {"setup.sh": AUTOGRADER_SETUP, "run_autograder": run,
                **{name: (REPO / name).read_text() for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py",
                                                                "requirements.txt")}}
@@ -3805,6 +3842,9 @@ def course_main(argv):
     p_hw.add_argument("--student", default=None, help=f"bind the handout to this student (their email, as Gradescope "
                       f"knows it): answers.json carries an id and the experiments' seeds, made with the course's "
                       f"secret ({SECRET_ENV})")
+    p_hw.add_argument("--rerun", type=float, default=None, help="with --autograder: seconds each grading spends "
+                      "training experiment records again (the audit; default 600: set Gradescope's autograder timeout "
+                      "to this plus 10 minutes); 0 = no audit")
     p_grade = sub.add_parser("grade", help="grade a submission in a sandbox against this installation's checks",
                              allow_abbrev=False)
     p_grade.add_argument("dir", nargs="?", default=".", help="the submission directory (default: here)")
@@ -3834,7 +3874,12 @@ def course_main(argv):
             if args.autograder:
                 if args.student:
                     raise ValueError("--student: a handout is made for a student (--out), the bundle grades them all")
-                print(f"wrote {args.autograder}: {', '.join(write_autograder(args.autograder, only, bug, secret))}")
+                rerun = AUDIT_SECONDS if args.rerun is None else args.rerun
+                print(f"wrote {args.autograder}: {', '.join(write_autograder(args.autograder, only, bug, secret, rerun))}"
+                      + (f"; each grading audits for up to {rerun:g} s: set Gradescope's autograder timeout to "
+                         f"{rerun / 60 + 10:.0f} minutes or more" if rerun else ""))
+            elif args.rerun is not None:
+                raise ValueError("--rerun: the audit's seconds go into a bundle (--autograder); a handout has none")
             else:
                 blanked = write_handout(args.out, only, bug, secret, args.student)
                 print(f"wrote a handout to {args.out} with {len(blanked)} blanked exercises: {', '.join(blanked)}\n"
@@ -3885,13 +3930,13 @@ def fill(path, exercise, code):
     path.write_text("".join(lines))
 
 
-def fake_record(seed, dev, metric=None, **asked):
-    """A run record in the shape a run writes it (summary.json's config, candidate and curve; one
+def fake_record(seed, dev, metric=None, warm=0.52, **asked):
+    """A run record in the shape a run writes it (summary.json's config, warm start, candidate and curve; one
     metrics.jsonl line per iteration) with the numbers given: the grader's tests cannot train for minutes."""
     config = asdict(A.Config(seed=seed, **asked))
     metrics = [{"success": 0.5, "clip_frac": 0.0015, "approx_kl": 0.0002, "zero_std_groups": 5, "truncation_rate": 0.01,
                 **(metric or {})} for _ in range(config["iterations"])]
-    return {"summary": {"config": config, "candidate": {"dev_success": dev},
+    return {"summary": {"config": config, "warm_start": {"dev_success": warm}, "candidate": {"dev_success": dev},
                         "train_success_curve": [m["success"] for m in metrics]}, "metrics": metrics}
 
 
@@ -4470,7 +4515,7 @@ def test_an_installation_the_sandbox_user_can_read_is_refused(tmp_path, capsys, 
         assert f"run `chmod -R go-rwx {readable}`" in printed and "Traceback" not in printed
         for name in ("agentic_rl.py", "envs.py", "test_agentic_rl.py"):
             os.chmod(readable / name, 0o600)
-        (readable / "hidden_seed.txt").write_text("0123456789abcdef" * 2 + "\n")   # only the secret left open
+        (readable / "hidden_seed.txt").write_text(SECRET + "\n")   # only the secret left open
         code, printed = course_here(capsys, "grade", tmp_path, "--only", "returns")
         assert code == 2 and "can read hidden_seed.txt," in printed, printed
     finally:
@@ -4527,8 +4572,9 @@ def trained_again(answers, bug, dev=None):
 
     def rerun(settings, seconds, bug=None):
         record = made[json.dumps(settings, sort_keys=True), bug]
-        return {"summary": {"candidate": {"dev_success": record["summary"]["candidate"]["dev_success"] if dev is None
-                                          else dev}}, "metrics": record["metrics"]}
+        return {"summary": {"warm_start": record["summary"]["warm_start"], "candidate": {
+            "dev_success": record["summary"]["candidate"]["dev_success"] if dev is None else dev}},
+            "metrics": record["metrics"]}
     return rerun
 
 
@@ -4590,12 +4636,25 @@ def test_a_weak_secret_or_one_on_the_command_line_is_refused_saying_how_to_make_
                  ["grade", tmp_path, "--hidden-seed", SECRET]):
         code, printed = course_here(capsys, *argv)
         assert code == 2 and SECRET_ENV in printed and SECRET not in printed, printed
-    monkeypatch.setenv(SECRET_ENV, "4242")
-    for argv in (["homework", "--autograder", tmp_path / "b.zip"], ["homework", "--out", tmp_path / "h", "--student", "ana"],
-                 ["grade", tmp_path]):
-        code, printed = course_here(capsys, *argv)
-        assert code == 2 and "128 bits" in printed and MAKE_A_SECRET in printed and "4242" not in printed, printed
+    for weak in ("4242", "0" * 32, "42" * 16, "0123456789abcdef" * 2):     # short, or typed rather than drawn
+        monkeypatch.setenv(SECRET_ENV, weak)
+        for argv in (["homework", "--autograder", tmp_path / "b.zip"], ["homework", "--out", tmp_path / "h", "--student",
+                                                                        "ana"], ["grade", tmp_path]):
+            code, printed = course_here(capsys, *argv)
+            assert code == 2 and "128 bits" in printed and MAKE_A_SECRET in printed and weak not in printed, printed
     assert not (tmp_path / "b.zip").exists() and not (tmp_path / "h").exists()
+
+
+def test_the_bundle_audits_the_experiments_by_default(tmp_path, capsys, monkeypatch):
+    """Gradescope never passes flags of its own: the bundle's run_autograder carries the audit's seconds."""
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    course_main(["homework", "--autograder", str(tmp_path / "a.zip")])
+    printed = capsys.readouterr().out
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "a.zip") as z:
+        assert f"--rerun {AUDIT_SECONDS:g}" in z.read("run_autograder").decode() and "timeout" in printed, printed
+    code, printed = course_here(capsys, "homework", "--out", tmp_path / "h", "--student", "ana", "--rerun", "5")
+    assert code == 2 and "--rerun" in printed and not (tmp_path / "h").exists(), printed
 
 
 def test_homework_from_a_grading_installation_says_what_it_lacks(tmp_path, capsys, monkeypatch):
@@ -4651,6 +4710,33 @@ def test_experiments_are_graded_on_the_runs_own_records():
         change(answers)
         verdicts = run(answers)
         assert verdicts[failing][0] == "wrong" and said in verdicts[failing][1], (failing, verdicts)
+    sprayed = reference_answers()                    # a list of every value would match any run
+    sprayed["silent_bug_evidence"] += " " + " ".join(f"{x / 100:.2f}" for x in range(101))
+    assert run(sprayed)["silent_bug_evidence_quotes_the_runs_numbers"][0] == "wrong"
+    effect = "clock_numbers_show_the_effect_the_reference_runs_show"
+
+    def from_warm_start(answers, pairs, warm, dev=None):  # these (setting, seed) runs start from this warm start
+        for setting, i in pairs:
+            answers["clock"]["runs"][setting][i]["summary"]["warm_start"]["dev_success"] = warm
+            if dev is not None:
+                answers["clock"][setting][i] = answers["clock"]["runs"][setting][i]["summary"]["candidate"][
+                    "dev_success"] = dev
+        return answers
+    stalled = from_warm_start(reference_answers(), [("value_zero", 0), ("bootstrap_budget", 0)], 0.125, 0.11)
+    assert run(stalled)[effect][0] == "passed", "a seed whose warm start cannot repair says nothing about the clock"
+    weak = reference_answers()
+    for setting in CLOCK_SETTINGS:
+        from_warm_start(weak, [(setting, i) for i in range(3)], 0.1, 0.1)
+    assert run(weak)[effect][0] == "not checked" and score({"points": 20, "checks": [
+        {"hidden": False, "status": "passed"}, {"hidden": True, "status": run(weak)[effect][0]}]}) == (20, 20)
+    assert "differ in warm start" in run(from_warm_start(reference_answers(), [("value_zero", 1)], 0.4))[effect][1]
+    stalled_fixed = reference_answers()                 # CodeRepair fixed runs that stall from a weak warm start
+    for r in stalled_fixed["silent_bug_runs"][3:] + stalled_fixed["silent_bug_fixed_runs"][3:5]:
+        [m.update(truncation_rate=0.6) for m in r["metrics"]]
+    for r in stalled_fixed["silent_bug_fixed_runs"][3:5]:
+        r["summary"]["warm_start"]["dev_success"] = 0.125
+    bootstrapped = run(stalled_fixed, dict(key, silent_bug="budget_bootstrapped"))
+    assert bootstrapped["silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not"][0] == "not checked"
 
 
 # END GRADER ONLY
