@@ -2209,11 +2209,12 @@ def silent_bug_answer_carries_the_runs_before_and_after_the_fix(answers, key):
 # BEGIN GRADER ONLY: the hidden checks, kept out of handouts
 @check("clock", hidden=True, table=EXPERIMENT_CHECKS)
 def clock_numbers_show_the_effect_the_reference_runs_show(answers, key):
-    """The reference's runs (README, E3; seeds 0, 1, 2): valuing the budget 0 reaches 1.000 on every seed,
-    bootstrapping it ends at 0.000-0.460, with or without the clock. Judged on the pairs (one seed, one clock
-    setting: both runs share the warm start) whose warm start can already repair: from one below WARM_ENOUGH
-    neither setting learns (seed 43064: 0.125 -> 0.110 and 0.125), which says nothing about the clock. Fewer than
-    two such pairs: not checked."""
+    """Judged on the pairs (one seed, one clock setting: both runs share the warm start) whose warm start can
+    already repair: from one below WARM_ENOUGH neither setting learns (seed 43064: 0.125 -> 0.110 and 0.125),
+    which says nothing about the clock; fewer than two such pairs: not checked. Measured (README, E3): on the
+    eleven such pairs of seeds 0, 1, 2, 43064, 32980, 3329, valuing the budget 0 reached 1.000 every time, and
+    bootstrapping it lost 0.54-1.00 of it on nine and 0.00-0.005 on two; requiring a mean loss of 0.2 fails an
+    honest student with five or six such pairs about one time in 500 (those eleven losses, resampled)."""
     clock_numbers_are_your_runs_own_records(answers, key)
     clock, pairs = answers["clock"], []
     for value, boot in (("value_zero", "bootstrap_budget"), ("hidden_clock_value_zero", "hidden_clock_bootstrap_budget")):
@@ -2228,8 +2229,8 @@ def clock_numbers_show_the_effect_the_reference_runs_show(answers, key):
     value, boot = (round(sum(p[j] for p in pairs) / len(pairs), 3) for j in (0, 1))
     assert value >= 0.8, f"answers.json: with the budget valued 0 the reference reaches 1.000 on every seed; " \
                          f"your {len(pairs)} pairs from a warm start that can repair: mean {value}"
-    assert value - boot >= 0.3, f"answers.json: bootstrapping the budget loses 0.85 of the mean dev success in the " \
-                                f"reference runs (0.3 or more expected); your pairs: {value} valued 0, {boot} bootstrapped"
+    assert value - boot >= 0.2, f"answers.json: bootstrapping the budget loses 0.70 of the mean dev success in the " \
+                                f"reference runs (0.2 or more expected); your pairs: {value} valued 0, {boot} bootstrapped"
     why = str(clock.get("why", "")).lower()
     assert any(w in why for w in ("bootstrap", "v(s", "value")) and any(w in why for w in ("turn", "budget", "clock")), \
         "answers.json: clock.why must say what the value after the budget does (bootstrap / V(s)) to the turns"
