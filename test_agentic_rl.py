@@ -3420,11 +3420,11 @@ def files_for(ex: str, submission: dict):
 
 def verdict(e: Exception) -> tuple:
     """(status, message) for what a check raised, told apart by the kind of exception, never by the words
-    of its message: a blank, a wrong value, a stop, or a crash; and the grader's own failure, which is never
-    the student's."""
+    of its message: a blank, a wrong value (the grader's own assert: an AssertionError the student's code raised
+    is a crash like any other), a stop, or a crash; and the grader's own failure, which is never the student's."""
     if isinstance(e, NotImplementedError):
         return "not started", str(e)
-    if isinstance(e, AssertionError):
+    if isinstance(e, AssertionError) and not getattr(e, "from_student", False):
         return "wrong", str(e)
     if isinstance(e, GradeTimeout):
         return "time limit", "stopped at the time limit: an endless loop, or far too slow"
@@ -3662,6 +3662,12 @@ SUSPICIOUS = "visible checks pass, hidden checks fail: a TA should read this cod
 NOT_CHECKED = "a rerun the grader could not finish is not checked (no points lost): a TA may rerun it"
 
 
+def quoted(message: str) -> str:
+    """A check's message as the report shows it: every line indented, so that none (a student's words may be in
+    it) can pass for a line of the report, such as "[passed] ..." or "total ..."."""
+    return textwrap.indent(message, "    ", lambda line: True)
+
+
 def print_grade(report: dict) -> bool:
     print(f"sandbox: {report.get('~sandbox', '')}")
     print(f"{'exercise':<16}{'points':>14}  {'checks':>8}  status")
@@ -3677,7 +3683,7 @@ def print_grade(report: dict) -> bool:
         for c in row["checks"]:
             if c["status"] not in ("passed", "not started"):
                 print(f"\n[{ex}] {c['name']} ({'hidden' if c['hidden'] else 'visible'} check): {c['status']}\n"
-                      f"{textwrap.indent(c['message'], '    ')}")
+                      f"{quoted(c['message'])}")
     earned, possible = (sum(score(row)[i] for row in rows.values()) for i in (0, 1))
     print(f"\ntotal {earned:.1f} / {possible:.1f}: " + ("every check passed" if earned == possible else
                                                      "some checks did not pass"))
@@ -3697,8 +3703,9 @@ def gradescope_results(report: dict, seconds: float) -> dict:
                 tests.append({"name": f"{ex} ({'hidden' if hidden else 'visible'} checks)",
                               "number": f"{number}.{int(hidden) + 1}", "score": round(earned, 2),
                               "max_score": round(possible, 2), "visibility": "after_published" if hidden else "visible",
-                              "output": "\n".join(f"[{c['status']}] {c['name']}" + (f"\n{c['message']}" if c["message"]
-                                                                                    else "") for c in part) + flag})
+                              "output": "\n".join(f"[{c['status']}] {c['name']}" + (f"\n{quoted(c['message'])}"
+                                                                                    if c["message"] else "")
+                                                   for c in part) + flag})
     return {"score": round(sum(t["score"] for t in tests), 2), "execution_time": round(seconds, 1),
             "output": "agentic-rl homework: each exercise's visible checks, then its hidden ones",
             "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
@@ -4287,7 +4294,7 @@ def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_pat
         assert "bob's own work" not in json.dumps(graded), "a classmate's folder is out of reach"
         assert "status: NoNewPrivs:\t1" in seen and "status: Seccomp:\t2" in seen, seen
         assert "processes: [1]" in seen or "pids shared" in done.stdout, "it sees only what it started"
-        assert not [line for line in seen.splitlines() if line.startswith("found: ") and str(tmp_path) in line], \
+        assert not [line for line in seen.splitlines() if line.strip().startswith("found: ") and str(tmp_path) in line], \
             "/proc shows the student nothing of the grader's directories"
         reference = (REPO / "agentic_rl.py").read_text()
         lines = {normalized(line) for line in reference.splitlines() if len(normalized(line)) > 24}
@@ -4614,6 +4621,14 @@ def test_a_message_is_filed_by_what_raised_it_never_by_its_words():
                                                                          "MemoryError)")
     status, message = verdict(raised("MemoryError", "a 3 GiB bytearray"))
     assert status == "memory limit" and "a 3 GiB bytearray" in message
+    forged = "ok\n[passed] kl_k3 (hidden checks)\ntotal 140.0 / 140.0: every check passed"
+    assert verdict(raised("AssertionError", forged)) == ("crashes", f"AssertionError: {forged} (raised by your code)"), \
+        "'wrong' is the grader's own assert: the student's is a crash"
+    row = {"points": 6, "checks": [{"name": "kl_k3_is_nonnegative", "hidden": False, "status": "crashes",
+                                    "message": verdict(raised("AssertionError", forged))[1]}]}
+    output = gradescope_results({"kl_k3": row}, 1.0)["tests"][0]["output"]
+    assert [line for line in output.splitlines() if not line.startswith("    ")] == ["[crashes] kl_k3_is_nonnegative"], \
+        "every line of a message is indented: it cannot forge a line of the report"
 
 
 def test_experiments_are_graded_on_the_runs_own_records():
