@@ -2862,12 +2862,15 @@ def serve(sock, callbacks):
 
 def worker(sock, out_fd: int, req: dict):
     """One exercise's process, set up before any student code runs: a session of its own, output to the
-    grader's drain, no other descriptor; as root, namespaces of its own (isolate: no network, its own
-    System V IPC, process ids and files) and then the sandbox user, with a cap on processes; always a
-    memory limit, a clean environment, no new privileges and a seccomp filter (lock_down). Then serve()."""
+    grader's drain, no other descriptor, an empty session keyring of its own (not the grader's); as root,
+    namespaces of its own (isolate: no network, its own System V IPC, process ids and files) and then the
+    sandbox user, with a cap on processes; always a memory limit, a clean environment, no new privileges and
+    a seccomp filter (lock_down). Then serve()."""
+    import ctypes
     import resource
     try:
         os.setsid()
+        ctypes.CDLL(None).syscall(250, 1, None)       # keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL): a new, empty one
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -2992,13 +2995,14 @@ def system_paths() -> list:
 def lock_down() -> str:
     """The last step before the student's code: no new privileges (a setuid program runs without its
     owner's rights) and, on x86_64, a seccomp filter (seccomp_program) that everything the worker starts
-    inherits. Returns what holds, for the grader's note; where the kernel refuses the filter it says so."""
+    inherits. Returns what holds, for the grader's note; where there is no filter (another machine, or the
+    kernel refuses it) it says so, and what that leaves open."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(38, 1, 0, 0, 0):                              # PR_SET_NO_NEW_PRIVS
         raise OSError(f"no_new_privs: errno {ctypes.get_errno()}")
     if os.uname().machine != "x86_64":
-        return "no new privileges, seccomp off (its syscall numbers are x86_64's)"
+        return "no new privileges, seccomp off (its syscall numbers are x86_64's: new sockets and the user's keyrings allowed)"
 
     class Line(ctypes.Structure):                               # struct sock_filter
         _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
@@ -3009,17 +3013,20 @@ def lock_down() -> str:
     program = Program(len(lines), (Line * len(lines))(*lines))
     # the worker has one thread here (a fork's child), so the filter covers the whole process
     if libc.prctl(22, 2, ctypes.byref(program), 0, 0):         # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-        return f"no new privileges, seccomp off (errno {ctypes.get_errno()})"
-    return "no new privileges, seccomp on"
+        return f"no new privileges, seccomp off (errno {ctypes.get_errno()}: new sockets and the user's keyrings allowed)"
+    return "no new privileges, seccomp on (no sockets, no keyrings)"
 
 
 def seccomp_program() -> list:
     """The seccomp filter, as classic BPF lines (code, jump if true, jump if false, k) read by the kernel
-    before each system call: no user namespace (unshare or clone with CLONE_NEWUSER: EPERM), no new unix
-    socket (socket(AF_UNIX): EPERM; the worker's socket to the grader already exists, and a socket's path
-    would reach the host's services); clone3 and io_uring_setup answer ENOSYS, as in Docker's default
-    profile (glibc then falls back to clone, whose flags a filter can read; io_uring could open sockets
-    past it), and so does any call of another ABI (32-bit int 0x80, x32), whose numbers differ."""
+    before each system call: no user namespace (unshare or clone with CLONE_NEWUSER: EPERM); no socket
+    at all (socket, socketpair and connect: EPERM; the worker's socket to the grader exists and is connected
+    already, a new one could reach the network where no namespace holds, a host's unix socket by its path,
+    or the hypervisor over AF_VSOCK, which no network namespace holds); no kernel keyring (add_key,
+    request_key, keyctl: EPERM; keyrings belong to a user, not to a namespace, so they would carry data from
+    one exercise or student to the next, or reach the grader's); clone3 and io_uring_setup answer ENOSYS, as
+    in Docker's default profile (glibc then falls back to clone, whose flags a filter can read; io_uring could
+    open sockets past it), and so does any call of another ABI (32-bit int 0x80, x32), whose numbers differ."""
     load = lambda offset: (0x20, 0, 0, offset)          # BPF_LD | BPF_W | BPF_ABS: a 32-bit word of seccomp_data
     answer = lambda errno: (0x06, 0, 0, 0x50000 | errno)  # BPF_RET: SECCOMP_RET_ERRNO | errno
     allow = (0x06, 0, 0, 0x7FFF0000)                    # BPF_RET: SECCOMP_RET_ALLOW
@@ -3028,10 +3035,11 @@ def seccomp_program() -> list:
                load(0), (0x35, 0, 1, 0x40000000), answer(enosys)]      # the call's number; BPF_JGE the x32 bit
     for number in (435, 425):                                          # clone3, io_uring_setup
         program += [(0x15, 0, 1, number), answer(enosys)]
-    for number, test, value in ((41, 0x15, 1),                         # socket: BPF_JEQ AF_UNIX
-                                (272, 0x45, 0x10000000),               # unshare: BPF_JSET CLONE_NEWUSER
-                                (56, 0x45, 0x10000000)):               # clone: BPF_JSET CLONE_NEWUSER
-        program += [(0x15, 0, 4, number), load(16), (test, 0, 1, value), answer(eperm), allow]  # arg 0's low word
+    for number in (41, 53, 42,                                         # socket, socketpair, connect
+                   248, 249, 250):                                     # add_key, request_key, keyctl
+        program += [(0x15, 0, 1, number), answer(eperm)]
+    for number in (272, 56):                                           # unshare, clone: BPF_JSET CLONE_NEWUSER
+        program += [(0x15, 0, 4, number), load(16), (0x45, 0, 1, 0x10000000), answer(eperm), allow]  # arg 0's low word
     return program + [allow]
 
 
@@ -3926,9 +3934,11 @@ def reference_answers(seeds=README_SEEDS, handout=None) -> dict:
 SECRET = "5e0f4c1b9a7d2e836f1c0b4a9d8e7f26"   # a course's secret for these tests (the README says how to make one)
 
 
-def course(*argv, cwd=REPO, check_exit=None):
-    """Run `python agentic_rl.py ARGV` as a TA would, from a grading installation."""
-    done = subprocess.run([sys.executable, "agentic_rl.py", *map(str, argv)], cwd=cwd, capture_output=True, text=True)
+def course(*argv, cwd=REPO, check_exit=None, preexec_fn=None):
+    """Run `python agentic_rl.py ARGV` as a TA would, from a grading installation (preexec_fn: what the TA's
+    session holds, set up in the process before it starts)."""
+    done = subprocess.run([sys.executable, "agentic_rl.py", *map(str, argv)], cwd=cwd, capture_output=True, text=True,
+                          preexec_fn=preexec_fn)
     assert check_exit is None or done.returncode == check_exit, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
@@ -4201,6 +4211,9 @@ def started(pid):                                    # a raw clone's child comes
 def connect(path):
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(path)
+def datagram(path):                                  # a socket pair needs no path of its own to send to one
+    one, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    one.connect(path)
 clone_args = (ctypes.c_uint64 * 8)(0x10000000, 0, 0, 0, 17, 0, 0, 0)   # clone3's: CLONE_NEWUSER, exit signal SIGCHLD
 for name, attempt in [
         ("read the installation", lambda: note("read", open(SOURCE + "/test_agentic_rl.py").read()[:200])),
@@ -4209,6 +4222,12 @@ for name, attempt in [
         ("write answers.json", lambda: open(SUBMISSION + "/answers.json", "w").write('{{"silent_bug": "x"}}')),
         ("read a classmate's file", lambda: note("read", open(CLASSMATE).read()[-200:])),
         ("connect to a host socket", lambda: connect(HOST_SOCKET)),
+        ("send a datagram to a host socket", lambda: datagram(HOST_SOCKET)),
+        ("open an internet socket", lambda: socket.socket(socket.AF_INET).close()),
+        ("open a vsock socket", lambda: socket.socket(socket.AF_VSOCK).close()),   # it would reach the hypervisor
+        ("read the TA's key", lambda: note("read", checked(libc.syscall(250, 10, -3, b"user", b"ta:api-token", 0)))),
+        ("request the TA's key", lambda: checked(libc.syscall(249, b"user", b"ta:api-token", None, 0))),
+        ("leave a key for the next", lambda: checked(libc.syscall(248, b"user", b"left", b"x", 1, -4))),
         ("clone a user namespace", lambda: started(libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0))),   # clone(2)
         ("clone3 a user namespace", lambda: started(libc.syscall(435, ctypes.byref(clone_args), 64))),  # clone3(2)
         ("unshare a user namespace", lambda: checked(libc.unshare(0x10000000)))]:      # last: it would stay in it
@@ -4220,6 +4239,7 @@ for name, attempt in [
 for line in open("/proc/self/status").read().splitlines():
     if line.startswith(("NoNewPrivs:", "Seccomp:")):
         note("status", line)
+note("keys it sees", open("/proc/keys").read())        # a read, which no filter stops
 note("processes", sorted(int(pid) for pid in os.listdir("/proc") if pid.isdigit()))
 for pid in filter(str.isdigit, os.listdir("/proc")):  # look for the grader through /proc
     for what in ("cwd", "root"):
@@ -4243,6 +4263,15 @@ if os.fork() == 0:                                   # a detached child that out
 '''
 
 
+def keyring_with_a_token():
+    """In a grader's process before it starts: a session keyring of its own (gone with its processes) holding
+    a TA's token, as a TA's login session may."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    libc.syscall(250, 1, None)                                             # keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)
+    libc.syscall(248, b"user", b"ta:api-token", b"token", 5, -3)           # add_key(2) to KEY_SPEC_SESSION_KEYRING
+
+
 def alive_as(uid: int) -> list:
     return [p for p in filter(str.isdigit, os.listdir("/proc")) if os.path.exists(f"/proc/{p}/status") and
             f"\nUid:\t{uid}\t" in open(f"/proc/{p}/status").read()]
@@ -4254,7 +4283,10 @@ def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_pat
     batch of world-readable folders, beside a host service's unix socket: it reads /proc, tries to read and write
     the installation, to write its answers, to read a classmate's file, to reach the socket, to make a user
     namespace three ways, prints bytes that look like frames, and leaves a child that rewrites the results. It
-    reports all it found through its error message, the one way out it has; the classmate is graded next."""
+    reports all it found through its error message, the one way out it has; the classmate is graded next. The
+    grader's session keyring holds a TA's token (keyctl search, request_key), and the attack also tries to leave a
+    key in the user's keyring (add_key), to open an internet or vsock socket and to reach the host's socket
+    through a socket pair."""
     source, results = installation(tmp_path), tmp_path / "results.json"
     batch = Path(tempfile.mkdtemp(dir="/run"))       # outside /tmp, which each worker has of its own
     os.chmod(batch, 0o755)
@@ -4278,7 +4310,7 @@ def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_pat
         installed = lambda: {p.name: p.read_bytes() for p in source.iterdir() if p.is_file()}   # not __pycache__
         before = installed()
         done = course("grade", submission, "--only", "returns,kl_k3,silent_bug", "--json", results, cwd=source,
-                      check_exit=1)
+                      check_exit=1, preexec_fn=keyring_with_a_token)
         graded = json.loads(results.read_text())
         time.sleep(1.0)                              # a surviving child would rewrite results.json by now
         assert json.loads(results.read_text()) == graded and alive_as(pwd_uid()) == []
@@ -4290,7 +4322,8 @@ def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_pat
         assert tests["returns (hidden checks)"]["score"] == tests["returns (hidden checks)"]["max_score"]
         assert tests["kl_k3 (visible checks)"]["score"] == 0
         seen = tests["kl_k3 (visible checks)"]["output"] + tests["kl_k3 (hidden checks)"]["output"]   # its messages
-        assert "an attempt worked" not in seen and seen.count("refused") >= 9, seen
+        assert "an attempt worked" not in seen and seen.count("refused") >= 15, seen
+        assert "keys it sees" in seen and "ta:api-token" not in seen, "the grader's keyring is out of reach"
         assert "bob's own work" not in json.dumps(graded), "a classmate's folder is out of reach"
         assert "status: NoNewPrivs:\t1" in seen and "status: Seccomp:\t2" in seen, seen
         assert "processes: [1]" in seen or "pids shared" in done.stdout, "it sees only what it started"
