@@ -2897,9 +2897,24 @@ def worker(sock, out_fd: int, req: dict):
         send(sock, {"setup_failed": f"{type(e).__name__}: {e}"})
         os._exit(0)
     try:
-        serve(sock, req["callbacks"])
+        compile_only(sock, req["compile"]) if req.get("compile") else serve(sock, req["callbacks"])
     finally:
         os._exit(0)
+
+
+def compile_only(sock, names):
+    """A worker's other errand: do these files of its folder compile? Compiled here, under the worker's limits
+    (a file can take the compiler minutes or gigabytes), and never run. Answers name -> None, or what the
+    compiler raised (the kinds of exception, the message)."""
+    found = {}
+    for name in names:
+        try:
+            with open(name, "rb") as f:
+                compile(f.read(), name, "exec")
+            found[name] = None
+        except Exception as e:                # SyntaxError, and what a pathological file makes of the compiler
+            found[name] = {"raised": [c.__name__ for c in type(e).__mro__], "message": f"{e}"[:300]}
+    send(sock, {"compiled": found})
 
 
 def isolate() -> tuple:
@@ -3194,7 +3209,7 @@ class Sandbox:
                 print("another grading runs as the sandbox user; waiting for it to finish", file=sys.stderr)
                 fcntl.flock(self.lock, fcntl.LOCK_EX)
         ours, theirs = socket.socketpair()
-        server = (send, receive, to_wire, from_wire, serve, worker, isolate, private_root, system_paths, lock_down,
+        server = (send, receive, to_wire, from_wire, serve, worker, compile_only, isolate, private_root, system_paths, lock_down,
                   seccomp_program, below, kill_all, fork_server)
         code = "\n".join([SERVER_IMPORTS, project_imports(), *map(inspect.getsource, server),
                           f"fork_server({theirs.fileno()})"])
@@ -3244,10 +3259,13 @@ class Worker:
     """One exercise's student process and the socket to it; every reply has a deadline, every value the
     student's code asks of another exercise is answered here."""
 
-    def __init__(self, sandbox: Sandbox, folder, callbacks, deadline: float):
+    def __init__(self, sandbox: Sandbox, folder, callbacks, deadline: float, compile_only=()):
+        """compile_only: names of files in folder that the worker only compiles (see compile_only); its
+        answer is then self.ready."""
         self.sandbox, self.deadline, self.tail, self.callbacks = sandbox, deadline, bytearray(), callbacks
         fds, reply = sandbox.request(op="fork", folder=str(folder), uid=sandbox.uid and sandbox.uid[0],
-                                     gid=sandbox.uid and sandbox.uid[1], memory=sandbox.memory, callbacks=callbacks)
+                                     gid=sandbox.uid and sandbox.uid[1], memory=sandbox.memory, callbacks=callbacks,
+                                     compile=list(compile_only))
         if len(fds) != 2 or not reply:
             raise GraderFailure("the fork server sent no worker")
         self.sock, self.out = socket.socket(fileno=fds[0]), fds[1]
@@ -3404,25 +3422,59 @@ def parse_answers(text, problem) -> tuple:
     return (answers, None) if isinstance(answers, dict) else (None, "answers.json must hold a JSON object")
 
 
-@functools.lru_cache(maxsize=4)
-def compile_problem(text: str, name: str):
-    """Why a file does not compile, or None; once per file and grading, not once per exercise."""
-    try:
-        compile(text, name, "exec")
-    except Exception as e:                    # SyntaxError, and what a pathological file makes of the compiler
-        return f"{type(e).__name__}: {str(e)[:300]}"
+def folder_with(files: dict, prefix: str) -> Path:
+    """A fresh folder holding these files (name -> text): the worker can read them, not write them."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    for name, text in files.items():
+        (folder / name).write_text(text)
+        os.chmod(folder / name, 0o644)
+    os.chmod(folder, 0o755)
+    return folder
 
 
-def files_for(ex: str, submission: dict):
-    """The two files an exercise's worker imports: the student's file holding the exercise, and their
-    other file if it compiles, else the handout's (blanks only); or why the exercise cannot be graded."""
-    files = {}
+def compile_problems(sandbox: Sandbox, submission: dict, seconds: float) -> dict:
+    """name -> None, or (status, why) for a submitted file that cannot be read or does not compile; each file
+    compiled once per grading, in a worker of its own within `seconds`: the compiler's time and memory are
+    the student's, never the grader's (a file of nested f-strings takes it time quadratic in its length)."""
+    problems = {}
     for name in ("agentic_rl.py", "envs.py"):
         text, problem = submission[name]
-        problem = problem or compile_problem(text, name)
-        if problem and name == EXERCISE_FILE[ex]:
-            return f"{name} cannot be graded: {problem}"
-        files[name] = handout_text(name) if problem else text
+        if problem:
+            problems[name] = ("crashes", problem)
+            continue
+        folder, worker = folder_with({name: text}, "compile-"), None
+        try:
+            worker = Worker(sandbox, folder, [], time.monotonic() + seconds, compile_only=[name])
+            found = (worker.ready.get("compiled") or {}).get(name, "no answer")
+            if found is None:
+                problems[name] = None
+            elif not isinstance(found, dict) or not isinstance(found.get("raised"), list):
+                raise GraderFailure(f"the compiler's worker answered {str(found)[:80]!r}")
+            else:
+                kind = "memory limit" if "MemoryError" in found["raised"] else "crashes"
+                problems[name] = (kind, f"{found['raised'][0]}: {found.get('message', '')}")
+        except GradeTimeout:
+            problems[name] = ("time limit", f"compiling it took longer than the time limit ({seconds:g} s)")
+        except WorkerGone as e:
+            problems[name] = ("crashes", f"compiling it ended the compiler's process ({e})")
+        except GraderFailure as e:
+            problems[name] = verdict(e)
+        finally:
+            if worker is not None:
+                worker.close()
+            shutil.rmtree(folder, ignore_errors=True)
+    return problems
+
+
+def files_for(ex: str, submission: dict, problems: dict):
+    """The two files an exercise's worker imports: the student's file holding the exercise, and their
+    other file if it compiles, else the handout's (blanks only); or (status, why) the exercise cannot be
+    graded. problems: what compile_problems found."""
+    files = {}
+    for name in ("agentic_rl.py", "envs.py"):
+        if problems[name] and name == EXERCISE_FILE[ex]:
+            return problems[name][0], f"{name} cannot be graded: {problems[name][1]}"
+        files[name] = handout_text(name) if problems[name] else submission[name][0]
     return files
 
 
@@ -3466,16 +3518,12 @@ def printable(text: str) -> str:
 def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
     """One exercise: a fresh folder and a fresh worker, its checks within `seconds` together, then the
     worker and everything it started killed."""
-    row, worker, trouble = {"points": EXERCISES[ex][0], "checks": []}, None, None
-    folder = Path(tempfile.mkdtemp(prefix=f"grade-{ex}-"))
+    row, worker, trouble, folder = {"points": EXERCISES[ex][0], "checks": []}, None, None, None
     try:
-        if isinstance(files, str):
-            trouble = ("crashes", files)
+        if isinstance(files, tuple):
+            trouble = files
         else:
-            for name, text in files.items():
-                (folder / name).write_text(text)
-                os.chmod(folder / name, 0o644)
-            os.chmod(folder, 0o755)                   # readable by the worker, not writable
+            folder = folder_with(files, f"grade-{ex}-")
             try:
                 worker = Worker(sandbox, folder, CALLBACKS.get(ex, []), time.monotonic() + seconds)
                 if "raised" in worker.ready:
@@ -3499,7 +3547,8 @@ def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
     finally:
         if worker is not None:
             worker.close()
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     return row
 
 
@@ -3538,8 +3587,10 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
     key = answer_key(answers, secret, students, silent_bug) if answers else None
     report = {}
     with Sandbox(user, memory) as sandbox:
-        for ex in (e for e in EXERCISES if only is None or e in only):
-            report[ex] = grade_exercise(sandbox, ex, files_for(ex, submission), time_limit)
+        graded = [e for e in EXERCISES if only is None or e in only]
+        problems = compile_problems(sandbox, submission, time_limit) if graded else {}
+        for ex in graded:
+            report[ex] = grade_exercise(sandbox, ex, files_for(ex, submission, problems), time_limit)
     for ex in experiments:
         report[ex] = {"points": EXPERIMENTS[ex], "checks": []}
         for check_ex, name, check, hidden in EXPERIMENT_CHECKS:
@@ -4428,7 +4479,8 @@ def sysv_objects(key: int) -> list:
 def test_what_a_red_team_broke_holds_now(tmp_path, shared_sandbox):
     """A second round of attacks (a red team's, on this grader): asking the grader for another exercise's
     answer, a reply of 40 MB, a screen-clearing message, files left in /tmp and a shared-memory segment and
-    message queue left for the next exercise, a file that crashes the compiler, a frame that drips in, and
+    message queue left for the next exercise, a file that crashes the compiler and one it takes minutes over
+    (compiled in the grader's process, it held up the grading), a frame that drips in, and
     a link planted at the results' old temporary name (two gradings side by side:
     test_two_gradings_at_once_take_turns)."""
     sub = tmp_path / "sub"
@@ -4459,6 +4511,12 @@ def test_what_a_red_team_broke_holds_now(tmp_path, shared_sandbox):
     report = exercises(grade(sub, only=["returns", "permission_rule"]))
     assert {c["status"] for c in report["returns"]["checks"]} == {"crashes"}
     assert {c["status"] for c in report["permission_rule"]["checks"]} == {"passed"}
+    (sub / "agentic_rl.py").write_text("x = f'" + "{1}" * 100_000 + "'\n")   # 300 kB, which takes the compiler
+    t = time.time()                                                        # time quadratic in its length
+    report = exercises(grade(sub, only=["returns", "permission_rule"], time_limit=2))
+    assert {c["status"] for c in report["returns"]["checks"]} == {"time limit"}, report["returns"]
+    assert {c["status"] for c in report["permission_rule"]["checks"]} == {"passed"}, "the grader compiles nothing itself"
+    assert time.time() - t < 30
     drip = tmp_path / "drip"
     write_handout(drip, only=["kl_k3"])
     with open(drip / "agentic_rl.py", "a") as f:                 # a frame that promises 100 bytes, one a second
