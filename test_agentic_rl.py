@@ -2521,7 +2521,10 @@ STRIPPED = {"test_agentic_rl.py": "# {} GRADER ONLY", "README.md": "<!-- {} ANSW
 MAX_REPLY_BYTES = 8 << 20           # a worker's reply; a check's message keeps MAX_MESSAGE characters of it
 MAX_MESSAGE = 4000
 SANDBOX_USER = "agentic_rl_student"   # made by the bundle's setup.sh; as root elsewhere, `nobody` stands in
-MEMORY_LIMIT = 2 << 30                # bytes of address space a worker may add to what torch already maps
+MEMORY_LIMIT = 2 << 30                # bytes a worker may add to what torch already maps (all its processes together)
+WORKER_TASKS = 64                     # processes and threads of a worker and all it starts, where a cgroup holds them
+TASKS_WITHOUT_CGROUP = 8              # else the sandbox user's cap on them; each process has MEMORY_LIMIT / 8
+CGROUP_ROOT = "/sys/fs/cgroup"        # where the machine mounts its cgroups (v2, or v1's memory and pids)
 
 
 def mean_of(metrics, key) -> float:
@@ -2865,7 +2868,10 @@ def worker(sock, out_fd: int, req: dict):
     grader's drain, no other descriptor, an empty session keyring of its own (not the grader's); as root,
     namespaces of its own (isolate: no network, its own System V IPC, process ids and files) and then the
     sandbox user, with a cap on processes; always a memory limit, a clean environment, no new privileges and
-    a seccomp filter (lock_down). Then serve()."""
+    a seccomp filter (lock_down). As root, its cgroup (the fork server's make_cgroup) holds it before
+    anything else: memory and tasks limited for all it starts together; without one, the sandbox user's
+    cap on processes and threads is lower and each process's memory limit a share of the worker's. Then
+    serve(), or compile_only()."""
     import ctypes
     import resource
     try:
@@ -2877,21 +2883,31 @@ def worker(sock, out_fd: int, req: dict):
         os.closerange(3, sock.fileno())
         os.closerange(sock.fileno() + 1, 1 << 16)
         os.chdir(req["folder"])
+        for cgroup in req.get("cgroups", []):         # as root, first: all it starts is in the cgroup too
+            with open(f"{cgroup}/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
         folder, isolation = req["folder"], "network shared, ipc shared, pids shared, files shared"
+        memory, tasks = req["memory"], None           # the memory each process may add to what it maps now
         if os.getuid() == 0 and req["uid"] is not None:
             folder, isolation = isolate()
-            resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
+            tasks = req["tasks"] if req.get("cgroups") else req["tasks_without_cgroup"]
+            memory //= 1 if req.get("cgroups") else tasks     # without a cgroup, tasks x memory is the worker's
+            resource.setrlimit(resource.RLIMIT_NPROC, (tasks, tasks))   # the sandbox user's processes and threads
             os.setgroups([])
             os.setgid(req["gid"])
             os.setuid(req["uid"])
+        torch.set_num_threads(min(torch.get_num_threads(), max(1, (tasks or 64) // 4)))  # its threads count as tasks
         mapped = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mapped + req["memory"],) * 2)
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + memory,) * 2)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 26,) * 2)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         sys.path.insert(0, folder)
         os.environ.clear()
         os.environ.update(HOME=folder, PATH="/usr/bin:/bin", TMPDIR="/tmp")
-        isolation += ", " + lock_down()
+        limits = f"memory {req['memory'] >> 20} MiB and {req['tasks']} tasks for the worker and all it starts " \
+                 f"({req['cgroup']})" if req.get("cgroups") else f"memory {memory >> 20} MiB a process (no cgroup" + \
+                 (f"; {tasks} tasks of the sandbox user: {tasks * memory >> 20} MiB in all)" if tasks else ")")
+        isolation += ", " + limits + ", " + lock_down()
         send(sock, {"sandbox": {"uid": os.getuid(), "isolation": isolation}})
     except BaseException as e:                         # the grader's failure, reported as such
         send(sock, {"setup_failed": f"{type(e).__name__}: {e}"})
@@ -3112,15 +3128,72 @@ def kill_all(uid) -> int:
     raise RuntimeError("processes keep appearing below the fork server")
 
 
+def make_cgroup(root: str, name: str, memory: int, tasks: int) -> tuple:
+    """As root, a cgroup for one worker, under the fork server's own, where the machine has one to write to:
+    cgroup v2 (one folder, where memory and pids can be enabled for it) or v1 (a folder in its memory and
+    in its pids hierarchy). Its limits hold for the worker and all it starts together: `memory` bytes
+    (swap included, where v1 counts it), `tasks` processes and threads. Returns (its folders, "cgroup v1"
+    or "cgroup v2"), or ([], None) where there is none, with nothing left behind."""
+    own = {}                                          # controller -> the server's cgroup; "" is v2's
+    for line in open("/proc/self/cgroup").read().splitlines():
+        _, controllers, path = line.split(":", 2)
+        own.update((c, path.rstrip("/")) for c in controllers.split(","))
+    if os.path.exists(f"{root}/cgroup.controllers"):
+        version, parents = "cgroup v2", [f"{root}{own.get('', '')}"] * 2
+    else:
+        version, parents = "cgroup v1", [f"{root}/{c}{own.get(c, '')}" for c in ("memory", "pids")]
+    limits = {"memory.max": memory, "memory.swap.max": 0, "memory.limit_in_bytes": memory,
+              "memory.memsw.limit_in_bytes": memory, "pids.max": tasks}
+    made, written = [], set()
+    try:
+        if version == "cgroup v2" and not {"memory", "pids"} <= set(open(f"{parents[0]}/cgroup.subtree_control").read().split()):
+            with open(f"{parents[0]}/cgroup.subtree_control", "w") as f:   # EBUSY where the server's has processes
+                f.write("+memory +pids")
+        for parent in dict.fromkeys(parents):
+            os.mkdir(f"{parent}/{name}")
+            made.append(f"{parent}/{name}")
+            for file, value in limits.items():        # those this kind of folder has; memory's before memsw's
+                if os.path.exists(f"{parent}/{name}/{file}"):
+                    with open(f"{parent}/{name}/{file}", "w") as f:
+                        f.write(str(value))
+                    written.add(file)
+        if "pids.max" not in written or not written & {"memory.max", "memory.limit_in_bytes"}:
+            raise OSError("no memory or no pids controller")
+        return made, version
+    except OSError:
+        remove_cgroups(made)
+        return [], None
+
+
+def remove_cgroups(folders: list):
+    """Remove a worker's cgroup once its processes are gone (a dying one may hold it for a moment)."""
+    for folder in folders:
+        for _ in range(100):
+            try:
+                os.rmdir(folder)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.01)
+
+
 def fork_server(control_fd: int):
     """A fresh interpreter that has imported torch, numpy, gymnasium and the standard library, and
     nothing of the course: it forks a worker per exercise (no torch import each time) and, asked to,
-    kills every process below it."""
+    kills every process below it. As root, each worker has a cgroup of its own (make_cgroup), removed once
+    its processes are killed."""
     import ctypes
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)           # PR_SET_CHILD_SUBREAPER: orphans are reparented here
     control = socket.socket(fileno=control_fd)
+    cgroups, forks = [], 0
     while (req := receive(control, 1 << 16)) is not None:
         if req["op"] == "fork":
+            forks += 1
+            if os.getuid() == 0:
+                req["cgroups"], req["cgroup"] = make_cgroup(req["cgroup_root"], f"agentic-rl-{os.getpid()}-{forks}",
+                                                            req["memory"], req["tasks"])
+                cgroups += req["cgroups"]
             mine, theirs = socket.socketpair()
             out_r, out_w = os.pipe()
             pid = os.fork()
@@ -3136,7 +3209,10 @@ def fork_server(control_fd: int):
             mine.close()
             os.close(out_r)
         else:
-            send(control, {"killed": kill_all(req["uid"])})
+            killed = kill_all(req["uid"])
+            remove_cgroups(cgroups)
+            cgroups = []
+            send(control, {"killed": killed})
     os._exit(0)                                       # the grader closed the socket: nothing to flush, no teardown
 
 
@@ -3185,7 +3261,7 @@ class Sandbox:
     def __init__(self, user=SANDBOX_USER, memory: int = MEMORY_LIMIT):
         import pwd
         import subprocess
-        self.uid, self.memory, self.note = None, memory, f"memory {memory >> 20} MiB"
+        self.uid, self.memory, self.note = None, memory, "user"
         if os.getuid() == 0 and user:
             try:
                 entry = pwd.getpwnam(user)
@@ -3197,9 +3273,9 @@ class Sandbox:
                                  f"them the reference, the hidden checks or the course's secret: run `chmod -R go-rwx "
                                  f"{REPO}` (the bundle's setup.sh does) and grade again")
             self.uid = (entry.pw_uid, entry.pw_gid)
-            self.note += f", user {entry.pw_name}"
+            self.note += f" {entry.pw_name}"
         else:
-            self.note += f", user {os.getuid()} (no sandbox user: the student's code has the grader's rights)"
+            self.note += f" {os.getuid()} (no sandbox user: the student's code has the grader's rights)"
         self.lock = None
         if self.uid:   # kill_all kills every process of the sandbox user: one grading as root at a time
             self.lock = os.open("/run/agentic-rl-grade.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -3209,8 +3285,8 @@ class Sandbox:
                 print("another grading runs as the sandbox user; waiting for it to finish", file=sys.stderr)
                 fcntl.flock(self.lock, fcntl.LOCK_EX)
         ours, theirs = socket.socketpair()
-        server = (send, receive, to_wire, from_wire, serve, worker, compile_only, isolate, private_root, system_paths, lock_down,
-                  seccomp_program, below, kill_all, fork_server)
+        server = (send, receive, to_wire, from_wire, serve, worker, compile_only, isolate, private_root, system_paths,
+                  lock_down, seccomp_program, below, kill_all, make_cgroup, remove_cgroups, fork_server)
         code = "\n".join([SERVER_IMPORTS, project_imports(), *map(inspect.getsource, server),
                           f"fork_server({theirs.fileno()})"])
         env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith(("OMP_", "MKL_", "OPENBLAS_", "LC_", "LANG"))}
@@ -3265,7 +3341,8 @@ class Worker:
         self.sandbox, self.deadline, self.tail, self.callbacks = sandbox, deadline, bytearray(), callbacks
         fds, reply = sandbox.request(op="fork", folder=str(folder), uid=sandbox.uid and sandbox.uid[0],
                                      gid=sandbox.uid and sandbox.uid[1], memory=sandbox.memory, callbacks=callbacks,
-                                     compile=list(compile_only))
+                                     compile=list(compile_only), cgroup_root=CGROUP_ROOT, tasks=WORKER_TASKS,
+                                     tasks_without_cgroup=TASKS_WITHOUT_CGROUP)
         if len(fds) != 2 or not reply:
             raise GraderFailure("the fork server sent no worker")
         self.sock, self.out = socket.socket(fileno=fds[0]), fds[1]
@@ -4025,12 +4102,13 @@ class SharedSandbox:
     grades, and on leaving it kills every process of the grading, as Sandbox.__exit__ does. A whole Sandbox's
     life (a server per grading, the lock taken at its start) is what the command-line tests below exercise."""
 
-    def __init__(self, sandbox: Sandbox):
-        self.sandbox = sandbox
+    def __init__(self, sandbox: Sandbox, memory: int):
+        self.sandbox, self.memory = sandbox, memory
 
     def __enter__(self):
         hold(self.sandbox.lock, fcntl.LOCK_EX)
         self.sandbox.__dict__.pop("isolation", None)              # this grading's workers say what they ran as
+        self.sandbox.memory = self.memory                         # each fork request carries it
         return self.sandbox
 
     def __exit__(self, *exc):
@@ -4064,7 +4142,7 @@ def graded_privately(private_installation):
 
 @pytest.fixture(scope="module")
 def fork_servers():
-    """(user, memory) -> a Sandbox kept for this module's in-process gradings; closed (under the lock) at its end."""
+    """user -> a Sandbox kept for this module's in-process gradings; closed (under the lock) at its end."""
     servers = {}
     yield servers
     for sandbox in servers.values():
@@ -4079,11 +4157,11 @@ def shared_sandbox(fork_servers, graded_privately):
     real = Sandbox
 
     def sandbox(user=SANDBOX_USER, memory: int = MEMORY_LIMIT):
-        if (user, memory) not in fork_servers:
-            fork_servers[user, memory] = server = real(user, memory)
+        if user not in fork_servers:
+            fork_servers[user] = server = real(user, memory)
             server.clean()                  # answered once its imports are done: no test's time limit pays for them
             hold(server.lock, fcntl.LOCK_UN)                     # taken again for each grading
-        return SharedSandbox(fork_servers[user, memory])
+        return SharedSandbox(fork_servers[user], memory)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys.modules[__name__], "Sandbox", sandbox)
         yield
@@ -4443,7 +4521,10 @@ def test_whatever_a_submission_holds_it_gets_a_valid_results_json(tmp_path, caps
         assert all(e in text for e in expected), (case, text[-1500:])
 
 
-def test_limits_are_checked_up_front_and_a_memory_hog_is_stopped(tmp_path, capsys, shared_sandbox):
+def test_limits_are_checked_up_front_and_a_memory_hog_is_stopped(tmp_path, capsys, monkeypatch, shared_sandbox):
+    """A hog of 3 GiB, then, with a limit of 512 MiB, four processes of 200 MiB each (each under a process's
+    limit, RLIMIT_AS, not together): the limit is the worker's, a cgroup's where the machine has one, else a share of it for each of
+    the few processes the sandbox user may have; the reference passes either way."""
     for bad in ("0", "-1", "nan", "inf", "1e-9"):
         code, printed = course_here(capsys, "grade", tmp_path, "--time-limit", bad)
         assert code == 2 and "--time-limit" in printed
@@ -4454,6 +4535,40 @@ def test_limits_are_checked_up_front_and_a_memory_hog_is_stopped(tmp_path, capsy
     fill(submission / "agentic_rl.py", "kl_k3", ["hog = bytearray(3 << 30)", "return hog"])
     report = grade(submission, only=["kl_k3"])
     assert {c["status"] for c in report["kl_k3"]["checks"]} == {"memory limit"}, report
+    write_handout(tmp_path / "hogs", only=["kl_k3"])
+    fill(tmp_path / "hogs" / "agentic_rl.py", "kl_k3", HOGS.splitlines())   # 4 processes, each under 512 MiB
+    for cgroups in (CGROUP_ROOT, str(tmp_path / "none")):     # the machine's cgroups, then a machine without
+        monkeypatch.setattr(sys.modules[__name__], "CGROUP_ROOT", cgroups)
+        report = grade(tmp_path / "hogs", only=["kl_k3"], memory=512 << 20)
+        held = re.search(r"held 200 MiB each at once: (\d)", report["kl_k3"]["checks"][0]["message"])
+        assert (int(held.group(1)) if held else 0) < 4 or "no sandbox user" in report["~sandbox"], report
+        assert "for the worker and all it starts (cgroup v" in report["~sandbox"] or "no cgroup" in report["~sandbox"]
+    assert "no cgroup; 8 tasks" in report["~sandbox"] or "no sandbox user" in report["~sandbox"], report["~sandbox"]
+    report = grade(REPO, only=["mask", "ppo_clip", "promotion"])     # the reference, torch's threads and all
+    assert {c["status"] for row in exercises(report).values() for c in row["checks"]} == {"passed"}, report
+
+
+HOGS = """import os, select, time
+ready, told = os.pipe()
+for _ in range(4):
+    if os.fork() == 0:
+        try:
+            hog = b"x" * (200 << 20)
+            os.write(told, b"1")
+            time.sleep(60)
+        finally:
+            os._exit(0)
+os.close(told)
+held, ended, deadline = 0, 0, time.monotonic() + 20
+while held + ended < 4 and time.monotonic() < deadline:
+    if select.select([ready], [], [], 0.1)[0]:
+        held += len(os.read(ready, 4))
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            ended += 1
+    except ChildProcessError:
+        pass
+raise RuntimeError(f"processes that held 200 MiB each at once: {held}")"""
 
 
 ASK_THE_GRADER = """import sys as _s, __main__ as _m
