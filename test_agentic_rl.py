@@ -3095,8 +3095,8 @@ def below(root: int) -> list:
 
 def kill_all(uid) -> int:
     """Stop, then kill, every process below this server (an orphan comes back here: the server is
-    its subreaper) and, as root, every process of the sandbox user; again until none is left.
-    Returns how many processes it killed."""
+    its subreaper) and, as root, every process of the sandbox user; again until none is left; then, as
+    root, remove what the sandbox user left (remove_leftovers). Returns how many processes it killed."""
     import signal
     killed = 0
     for _ in range(1000):
@@ -3107,15 +3107,11 @@ def kill_all(uid) -> int:
             except ChildProcessError:
                 break
         if uid is not None and os.getuid() == 0:
-            pid = os.fork()
-            if pid == 0:                               # kill(-1) as that user: every process of that user
-                os.setgid(uid[1])
-                os.setuid(uid[0])
-                os.kill(-1, signal.SIGKILL)
-                os._exit(0)
-            os.waitpid(pid, 0)
+            as_sandbox_user(uid, lambda: os.kill(-1, signal.SIGKILL))   # kill(-1) as that user: all its processes
         victims = below(os.getpid())
         if not victims:
+            if uid is not None and os.getuid() == 0:
+                as_sandbox_user(uid, lambda: (os.kill(-1, signal.SIGKILL), remove_leftovers()))
             return killed
         for sig in (signal.SIGSTOP, signal.SIGKILL):  # stopped first, so none can fork in between
             for pid in victims:
@@ -3178,6 +3174,63 @@ def remove_cgroups(folders: list):
                 time.sleep(0.01)
 
 
+def as_sandbox_user(uid, action):
+    """Run action() in a child that has become the sandbox user (uid: its user and group ids): it can do
+    only what that user may, to that user's processes and files."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid[1])
+            os.setuid(uid[0])
+            action()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def remove_leftovers():
+    """As the sandbox user, once its processes are gone: remove what they left on the machine, which the next
+    exercise or student would find wherever a worker had no namespaces of its own (no CAP_SYS_ADMIN): System V
+    shared memory, semaphores and message queues (IPC_RMID: the kernel removes those this user owns or made,
+    and refuses the others), and its files and folders in /tmp, /var/tmp, /dev/shm and /run/lock and in any
+    folder there that every user may write to, without following a link."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    removers = {"shm": lambda i: libc.shmctl(i, 0, None), "sem": lambda i: libc.semctl(i, 0, 0),   # IPC_RMID
+                "msg": lambda i: libc.msgctl(i, 0, None)}
+    for kind, remove in removers.items():
+        try:
+            for line in open(f"/proc/sysvipc/{kind}").read().splitlines()[1:]:   # key, id, ...
+                remove(int(line.split()[1]))
+        except OSError:                               # a kernel without System V IPC
+            pass
+
+    def remove_own(folder):
+        for entry in os.scandir(folder):
+            try:
+                info = entry.stat(follow_symlinks=False)
+                if info.st_uid != os.getuid():
+                    if entry.is_dir(follow_symlinks=False) and info.st_mode & 0o002:
+                        remove_own(entry.path)        # another's folder, which every user may write to
+                elif not entry.is_dir(follow_symlinks=False):
+                    os.unlink(entry.path)             # a file, a link (not what it points to), a FIFO, a socket
+                else:                                 # its folder: each folder in it opened again to its owner
+                    os.chmod(entry.path, 0o700)       # (it may have closed them), then removed with all they hold
+                    for inside, folders, _ in os.walk(entry.path):
+                        for name in folders:
+                            if not os.path.islink(os.path.join(inside, name)):
+                                os.chmod(os.path.join(inside, name), 0o700)
+                    shutil.rmtree(entry.path)
+            except OSError:
+                pass
+    for top in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+        try:
+            remove_own(top)
+        except OSError:
+            pass
+
+
 def fork_server(control_fd: int):
     """A fresh interpreter that has imported torch, numpy, gymnasium and the standard library, and
     nothing of the course: it forks a worker per exercise (no torch import each time) and, asked to,
@@ -3219,7 +3272,7 @@ def fork_server(control_fd: int):
 SERVER_IMPORTS = (  # with project_imports(): what a worker can import where the sandbox user cannot read Python's files
     "import argparse, bisect, collections, concurrent.futures, contextlib, copy, ctypes, dataclasses, decimal, enum, "
     "fractions, functools, hashlib, heapq, inspect, io, itertools, json, math, operator, os, pathlib, queue, random, re, "
-    "resource, signal, socket, statistics, string, struct, sys, textwrap, threading, time, types, typing, warnings\n"
+    "resource, shutil, signal, socket, statistics, string, struct, sys, textwrap, threading, time, types, typing, warnings\n"
     "from dataclasses import fields, is_dataclass\nimport numpy as np, torch, torch.nn, torch.nn.functional, gymnasium, "
     "gymnasium.spaces, gymnasium.vector.utils, gymnasium.wrappers, tqdm, pytest")
 
@@ -3286,7 +3339,8 @@ class Sandbox:
                 fcntl.flock(self.lock, fcntl.LOCK_EX)
         ours, theirs = socket.socketpair()
         server = (send, receive, to_wire, from_wire, serve, worker, compile_only, isolate, private_root, system_paths,
-                  lock_down, seccomp_program, below, kill_all, make_cgroup, remove_cgroups, fork_server)
+                  lock_down, seccomp_program, below, kill_all, as_sandbox_user, remove_leftovers, make_cgroup,
+                  remove_cgroups, fork_server)
         code = "\n".join([SERVER_IMPORTS, project_imports(), *map(inspect.getsource, server),
                           f"fork_server({theirs.fileno()})"])
         env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith(("OMP_", "MKL_", "OPENBLAS_", "LC_", "LANG"))}
@@ -3804,8 +3858,23 @@ def quoted(message: str) -> str:
     return textwrap.indent(message, "    ", lambda line: True)
 
 
+FILES_SHARED = ("WARNING: files shared: the student's code ran without a private root (the grader is not root, or "
+                "lacks CAP_SYS_ADMIN, as in a container with Docker's default capabilities) and could read every file "
+                "on this machine that others may read: keep other submissions, and anything else private, unreadable "
+                "by others (chmod -R go-rwx) while grading")
+NETWORK_SHARED = ("WARNING: network shared: the student's code ran with no network namespace and no seccomp filter, "
+                  "and could reach the network and this machine's unix sockets")
+
+
+def sandbox_lines(report: dict) -> list:
+    """What the workers ran as (the grader's note), and a loud warning for what they shared with the machine."""
+    note = report.get("~sandbox", "")
+    return [f"sandbox: {note}"] + ([FILES_SHARED] if "files shared" in note else []) + \
+        ([NETWORK_SHARED] if "network shared" in note and "seccomp on" not in note else [])
+
+
 def print_grade(report: dict) -> bool:
-    print(f"sandbox: {report.get('~sandbox', '')}")
+    print("\n".join(sandbox_lines(report)))
     print(f"{'exercise':<16}{'points':>14}  {'checks':>8}  status")
     rows = exercises(report)
     for ex, row in rows.items():
@@ -3843,7 +3912,8 @@ def gradescope_results(report: dict, seconds: float) -> dict:
                                                                                     if c["message"] else "")
                                                    for c in part) + flag})
     return {"score": round(sum(t["score"] for t in tests), 2), "execution_time": round(seconds, 1),
-            "output": "agentic-rl homework: each exercise's visible checks, then its hidden ones",
+            "output": "\n".join(["agentic-rl homework: each exercise's visible checks, then its hidden ones",
+                                 *sandbox_lines(report)]),
             "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
 
 
@@ -4646,6 +4716,76 @@ def test_what_a_red_team_broke_holds_now(tmp_path, shared_sandbox):
     (tmp_path / "out.json.tmp").symlink_to(victim)               # the old predictable temporary name
     A.atomic_write(tmp_path / "out.json", lambda f: f.write(b"{}"))
     assert victim.read_text() == "root's file" and (tmp_path / "out.json").read_text() == "{}"
+
+
+DOCKER_CAPABILITIES = (0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 27, 29, 31)   # Docker's default: chown, dac_override,
+# fowner, fsetid, kill, setgid, setuid, setpcap, net_bind_service, net_raw, sys_chroot, mknod, audit_write, setfcap
+
+
+def with_dockers_capabilities():
+    """In a process before it starts a program: the capabilities Docker leaves a container's root, and no
+    other (none of CAP_SYS_ADMIN's namespaces and mounts), for it and all it starts."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    for capability in set(range(41)) - set(DOCKER_CAPABILITIES):
+        libc.prctl(24, capability, 0, 0, 0)                              # PR_CAPBSET_DROP
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the sandbox user needs a grader running as root")
+def test_without_cap_sys_admin_the_grader_makes_up_for_the_namespaces_and_says_so(tmp_path, graded_privately,
+                                                                                   monkeypatch):
+    """Graded as root with Docker's default capabilities (Gradescope's container may have no more): no
+    namespace can be made, so a worker shares the machine's network, System V IPC, processes and files. The
+    seccomp filter still refuses sockets; what the sandbox user left in /tmp, /var/tmp, /dev/shm and /run/lock
+    (a folder it closed, a link to root's file) and its shared memory, semaphores and message queues are
+    removed after each exercise; and the report and results.json say what was shared, loudly for files."""
+    key, victim = random.randrange(1, 1 << 31), tmp_path / "victim.txt"
+    victim.write_text("root's file")
+    sub = tmp_path / "sub"
+    write_handout(sub, only=["kl_k3"])
+    fill(sub / "agentic_rl.py", "kl_k3", ["raise RuntimeError(_NETWORK)"])
+    with open(sub / "agentic_rl.py", "a") as f:
+        f.write(f"""
+import ctypes as _ctypes, os as _os, socket as _socket
+for _top in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+    open(f"{{_top}}/agentic-rl-left-{key}", "w").write("for the next student")
+_os.makedirs("/tmp/agentic-rl-dir-{key}/inner")
+open("/tmp/agentic-rl-dir-{key}/inner/file", "w").close()
+_os.chmod("/tmp/agentic-rl-dir-{key}/inner", 0o500)
+_os.symlink({str(victim)!r}, "/tmp/agentic-rl-link-{key}")
+_libc = _ctypes.CDLL(None)
+_libc.shmget({key}, 4096, 0o1666), _libc.semget({key}, 1, 0o1666), _libc.msgget({key}, 0o1666)   # IPC_CREAT | 0o666
+try:
+    _socket.socket(_socket.AF_INET).close()
+    _NETWORK = "a socket: an attempt worked"
+except OSError as e:
+    _NETWORK = f"a socket: refused ({{e}})"
+""")
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: real_popen(*a, preexec_fn=with_dockers_capabilities, **k))
+    server = Sandbox()                                   # its fork server, with Docker's capabilities
+    monkeypatch.undo()
+    left = lambda: [f"{top}/{name}" for top in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock") for name in os.listdir(top)
+                    if name.startswith("agentic-rl-") and name.endswith(f"-{key}")]
+    try:
+        server.clean()
+        hold(server.lock, fcntl.LOCK_UN)
+        monkeypatch.setattr(sys.modules[__name__], "Sandbox", lambda user, memory: SharedSandbox(server, memory))
+        report = grade(sub, only=["kl_k3"])
+        assert "network shared, ipc shared, pids shared, files shared" in report["~sandbox"], report["~sandbox"]
+        assert {c["status"] for c in report["kl_k3"]["checks"]} == {"crashes"}
+        assert "a socket: refused" in report["kl_k3"]["checks"][0]["message"], "no network: the filter holds"
+        assert left() == [] and sysv_objects(key) == [], "what it left is gone before the next exercise"
+        assert victim.read_text() == "root's file", "a link is removed, never followed"
+        output = gradescope_results(report, 1.0)["output"]
+        assert f"sandbox: {report['~sandbox']}" in output and "WARNING: files shared" in output, output
+        assert "keep" in output and "unreadable" in output
+    finally:
+        for path in left():
+            subprocess.run(["rm", "-rf", path])
+        sysv_objects(key)
+        hold(server.lock, fcntl.LOCK_EX)
+        server.__exit__(None, None, None)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="the sandbox user needs a grader running as root")
