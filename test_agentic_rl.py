@@ -2541,7 +2541,10 @@ STRIPPED = {"test_agentic_rl.py": "# {} GRADER ONLY", "README.md": "<!-- {} ANSW
 MAX_REPLY_BYTES = 8 << 20           # a worker's reply; a check's message keeps MAX_MESSAGE characters of it
 MAX_MESSAGE = 4000
 SANDBOX_USER = "agentic_rl_student"   # made by the bundle's setup.sh; as root elsewhere, `nobody` stands in
-MEMORY_LIMIT = 2 << 30                # bytes of address space a worker may add to what torch already maps
+MEMORY_LIMIT = 2 << 30                # bytes a worker may add to what torch already maps (all its processes together)
+WORKER_TASKS = 64                     # processes and threads of a worker and all it starts, where a cgroup holds them
+TASKS_WITHOUT_CGROUP = 8              # else the sandbox user's cap on them; each process has MEMORY_LIMIT / 8
+CGROUP_ROOT = "/sys/fs/cgroup"        # where the machine mounts its cgroups (v2, or v1's memory and pids)
 
 
 def mean_of(metrics, key) -> float:
@@ -2885,41 +2888,72 @@ def serve(sock, callbacks):
 
 def worker(sock, out_fd: int, req: dict):
     """One exercise's process, set up before any student code runs: a session of its own, output to the
-    grader's drain, no other descriptor; as root, namespaces of its own (isolate: no network, its own
-    System V IPC, process ids and files) and then the sandbox user, with a cap on processes; always a
-    memory limit, a clean environment, no new privileges and a seccomp filter (lock_down). Then serve()."""
+    grader's drain, no other descriptor, an empty session keyring of its own (not the grader's); as root,
+    namespaces of its own (isolate: no network, its own System V IPC, process ids and files) and then the
+    sandbox user, with a cap on processes; always a memory limit, a clean environment, no new privileges and
+    a seccomp filter (lock_down). As root, its cgroup (the fork server's make_cgroup) holds it before
+    anything else: memory and tasks limited for all it starts together; without one, the sandbox user's
+    cap on processes and threads is lower and each process's memory limit a share of the worker's. Then
+    serve(), or compile_only()."""
+    import ctypes
     import resource
     try:
         os.setsid()
+        ctypes.CDLL(None).syscall(250, 1, None)       # keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL): a new, empty one
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.closerange(3, sock.fileno())
         os.closerange(sock.fileno() + 1, 1 << 16)
         os.chdir(req["folder"])
+        for cgroup in req.get("cgroups", []):         # as root, first: all it starts is in the cgroup too
+            with open(f"{cgroup}/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
         folder, isolation = req["folder"], "network shared, ipc shared, pids shared, files shared"
+        memory, tasks = req["memory"], None           # the memory each process may add to what it maps now
         if os.getuid() == 0 and req["uid"] is not None:
             folder, isolation = isolate()
-            resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
+            tasks = req["tasks"] if req.get("cgroups") else req["tasks_without_cgroup"]
+            memory //= 1 if req.get("cgroups") else tasks     # without a cgroup, tasks x memory is the worker's
+            resource.setrlimit(resource.RLIMIT_NPROC, (tasks, tasks))   # the sandbox user's processes and threads
             os.setgroups([])
             os.setgid(req["gid"])
             os.setuid(req["uid"])
+        torch.set_num_threads(min(torch.get_num_threads(), max(1, (tasks or 64) // 4)))  # its threads count as tasks
         mapped = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mapped + req["memory"],) * 2)
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + memory,) * 2)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 26,) * 2)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         sys.path.insert(0, folder)
         os.environ.clear()
         os.environ.update(HOME=folder, PATH="/usr/bin:/bin", TMPDIR="/tmp")
-        isolation += ", " + lock_down()
+        limits = f"memory {req['memory'] >> 20} MiB and {req['tasks']} tasks for the worker and all it starts " \
+                 f"({req['cgroup']})" if req.get("cgroups") else f"memory {memory >> 20} MiB a process (no cgroup" + \
+                 (f"; {tasks} tasks of the sandbox user: {tasks * memory >> 20} MiB in all)" if tasks else ")")
+        isolation += ", " + limits + ", " + lock_down()
         send(sock, {"sandbox": {"uid": os.getuid(), "isolation": isolation}})
     except BaseException as e:                         # the grader's failure, reported as such
         send(sock, {"setup_failed": f"{type(e).__name__}: {e}"})
         os._exit(0)
     try:
-        serve(sock, req["callbacks"])
+        compile_only(sock, req["compile"]) if req.get("compile") else serve(sock, req["callbacks"])
     finally:
         os._exit(0)
+
+
+def compile_only(sock, names):
+    """A worker's other errand: do these files of its folder compile? Compiled here, under the worker's limits
+    (a file can take the compiler minutes or gigabytes), and never run. Answers name -> None, or what the
+    compiler raised (the kinds of exception, the message)."""
+    found = {}
+    for name in names:
+        try:
+            with open(name, "rb") as f:
+                compile(f.read(), name, "exec")
+            found[name] = None
+        except Exception as e:                # SyntaxError, and what a pathological file makes of the compiler
+            found[name] = {"raised": [c.__name__ for c in type(e).__mro__], "message": f"{e}"[:300]}
+    send(sock, {"compiled": found})
 
 
 def isolate() -> tuple:
@@ -3015,13 +3049,14 @@ def system_paths() -> list:
 def lock_down() -> str:
     """The last step before the student's code: no new privileges (a setuid program runs without its
     owner's rights) and, on x86_64, a seccomp filter (seccomp_program) that everything the worker starts
-    inherits. Returns what holds, for the grader's note; where the kernel refuses the filter it says so."""
+    inherits. Returns what holds, for the grader's note; where there is no filter (another machine, or the
+    kernel refuses it) it says so, and what that leaves open."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(38, 1, 0, 0, 0):                              # PR_SET_NO_NEW_PRIVS
         raise OSError(f"no_new_privs: errno {ctypes.get_errno()}")
     if os.uname().machine != "x86_64":
-        return "no new privileges, seccomp off (its syscall numbers are x86_64's)"
+        return "no new privileges, seccomp off (its syscall numbers are x86_64's: new sockets and the user's keyrings allowed)"
 
     class Line(ctypes.Structure):                               # struct sock_filter
         _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
@@ -3032,17 +3067,20 @@ def lock_down() -> str:
     program = Program(len(lines), (Line * len(lines))(*lines))
     # the worker has one thread here (a fork's child), so the filter covers the whole process
     if libc.prctl(22, 2, ctypes.byref(program), 0, 0):         # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-        return f"no new privileges, seccomp off (errno {ctypes.get_errno()})"
-    return "no new privileges, seccomp on"
+        return f"no new privileges, seccomp off (errno {ctypes.get_errno()}: new sockets and the user's keyrings allowed)"
+    return "no new privileges, seccomp on (no sockets, no keyrings)"
 
 
 def seccomp_program() -> list:
     """The seccomp filter, as classic BPF lines (code, jump if true, jump if false, k) read by the kernel
-    before each system call: no user namespace (unshare or clone with CLONE_NEWUSER: EPERM), no new unix
-    socket (socket(AF_UNIX): EPERM; the worker's socket to the grader already exists, and a socket's path
-    would reach the host's services); clone3 and io_uring_setup answer ENOSYS, as in Docker's default
-    profile (glibc then falls back to clone, whose flags a filter can read; io_uring could open sockets
-    past it), and so does any call of another ABI (32-bit int 0x80, x32), whose numbers differ."""
+    before each system call: no user namespace (unshare or clone with CLONE_NEWUSER: EPERM); no socket
+    at all (socket, socketpair and connect: EPERM; the worker's socket to the grader exists and is connected
+    already, a new one could reach the network where no namespace holds, a host's unix socket by its path,
+    or the hypervisor over AF_VSOCK, which no network namespace holds); no kernel keyring (add_key,
+    request_key, keyctl: EPERM; keyrings belong to a user, not to a namespace, so they would carry data from
+    one exercise or student to the next, or reach the grader's); clone3 and io_uring_setup answer ENOSYS, as
+    in Docker's default profile (glibc then falls back to clone, whose flags a filter can read; io_uring could
+    open sockets past it), and so does any call of another ABI (32-bit int 0x80, x32), whose numbers differ."""
     load = lambda offset: (0x20, 0, 0, offset)          # BPF_LD | BPF_W | BPF_ABS: a 32-bit word of seccomp_data
     answer = lambda errno: (0x06, 0, 0, 0x50000 | errno)  # BPF_RET: SECCOMP_RET_ERRNO | errno
     allow = (0x06, 0, 0, 0x7FFF0000)                    # BPF_RET: SECCOMP_RET_ALLOW
@@ -3051,10 +3089,11 @@ def seccomp_program() -> list:
                load(0), (0x35, 0, 1, 0x40000000), answer(enosys)]      # the call's number; BPF_JGE the x32 bit
     for number in (435, 425):                                          # clone3, io_uring_setup
         program += [(0x15, 0, 1, number), answer(enosys)]
-    for number, test, value in ((41, 0x15, 1),                         # socket: BPF_JEQ AF_UNIX
-                                (272, 0x45, 0x10000000),               # unshare: BPF_JSET CLONE_NEWUSER
-                                (56, 0x45, 0x10000000)):               # clone: BPF_JSET CLONE_NEWUSER
-        program += [(0x15, 0, 4, number), load(16), (test, 0, 1, value), answer(eperm), allow]  # arg 0's low word
+    for number in (41, 53, 42,                                         # socket, socketpair, connect
+                   248, 249, 250):                                     # add_key, request_key, keyctl
+        program += [(0x15, 0, 1, number), answer(eperm)]
+    for number in (272, 56):                                           # unshare, clone: BPF_JSET CLONE_NEWUSER
+        program += [(0x15, 0, 4, number), load(16), (0x45, 0, 1, 0x10000000), answer(eperm), allow]  # arg 0's low word
     return program + [allow]
 
 
@@ -3079,8 +3118,8 @@ def below(root: int) -> list:
 
 def kill_all(uid) -> int:
     """Stop, then kill, every process below this server (an orphan comes back here: the server is
-    its subreaper) and, as root, every process of the sandbox user; again until none is left.
-    Returns how many processes it killed."""
+    its subreaper) and, as root, every process of the sandbox user; again until none is left; then, as
+    root, remove what the sandbox user left (remove_leftovers). Returns how many processes it killed."""
     import signal
     killed = 0
     for _ in range(1000):
@@ -3091,15 +3130,11 @@ def kill_all(uid) -> int:
             except ChildProcessError:
                 break
         if uid is not None and os.getuid() == 0:
-            pid = os.fork()
-            if pid == 0:                               # kill(-1) as that user: every process of that user
-                os.setgid(uid[1])
-                os.setuid(uid[0])
-                os.kill(-1, signal.SIGKILL)
-                os._exit(0)
-            os.waitpid(pid, 0)
+            as_sandbox_user(uid, lambda: os.kill(-1, signal.SIGKILL))   # kill(-1) as that user: all its processes
         victims = below(os.getpid())
         if not victims:
+            if uid is not None and os.getuid() == 0:
+                as_sandbox_user(uid, lambda: (os.kill(-1, signal.SIGKILL), remove_leftovers()))
             return killed
         for sig in (signal.SIGSTOP, signal.SIGKILL):  # stopped first, so none can fork in between
             for pid in victims:
@@ -3112,15 +3147,129 @@ def kill_all(uid) -> int:
     raise RuntimeError("processes keep appearing below the fork server")
 
 
+def make_cgroup(root: str, name: str, memory: int, tasks: int) -> tuple:
+    """As root, a cgroup for one worker, under the fork server's own, where the machine has one to write to:
+    cgroup v2 (one folder, where memory and pids can be enabled for it) or v1 (a folder in its memory and
+    in its pids hierarchy). Its limits hold for the worker and all it starts together: `memory` bytes
+    (swap included, where v1 counts it), `tasks` processes and threads. Returns (its folders, "cgroup v1"
+    or "cgroup v2"), or ([], None) where there is none, with nothing left behind."""
+    own = {}                                          # controller -> the server's cgroup; "" is v2's
+    for line in open("/proc/self/cgroup").read().splitlines():
+        _, controllers, path = line.split(":", 2)
+        own.update((c, path.rstrip("/")) for c in controllers.split(","))
+    if os.path.exists(f"{root}/cgroup.controllers"):
+        version, parents = "cgroup v2", [f"{root}{own.get('', '')}"] * 2
+    else:
+        version, parents = "cgroup v1", [f"{root}/{c}{own.get(c, '')}" for c in ("memory", "pids")]
+    limits = {"memory.max": memory, "memory.swap.max": 0, "memory.limit_in_bytes": memory,
+              "memory.memsw.limit_in_bytes": memory, "pids.max": tasks}
+    made, written = [], set()
+    try:
+        if version == "cgroup v2" and not {"memory", "pids"} <= set(open(f"{parents[0]}/cgroup.subtree_control").read().split()):
+            with open(f"{parents[0]}/cgroup.subtree_control", "w") as f:   # EBUSY where the server's has processes
+                f.write("+memory +pids")
+        for parent in dict.fromkeys(parents):
+            os.mkdir(f"{parent}/{name}")
+            made.append(f"{parent}/{name}")
+            for file, value in limits.items():        # those this kind of folder has; memory's before memsw's
+                if os.path.exists(f"{parent}/{name}/{file}"):
+                    with open(f"{parent}/{name}/{file}", "w") as f:
+                        f.write(str(value))
+                    written.add(file)
+        if "pids.max" not in written or not written & {"memory.max", "memory.limit_in_bytes"}:
+            raise OSError("no memory or no pids controller")
+        return made, version
+    except OSError:
+        remove_cgroups(made)
+        return [], None
+
+
+def remove_cgroups(folders: list):
+    """Remove a worker's cgroup once its processes are gone (a dying one may hold it for a moment)."""
+    for folder in folders:
+        for _ in range(100):
+            try:
+                os.rmdir(folder)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.01)
+
+
+def as_sandbox_user(uid, action):
+    """Run action() in a child that has become the sandbox user (uid: its user and group ids): it can do
+    only what that user may, to that user's processes and files."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid[1])
+            os.setuid(uid[0])
+            action()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def remove_leftovers():
+    """As the sandbox user, once its processes are gone: remove what they left on the machine, which the next
+    exercise or student would find wherever a worker had no namespaces of its own (no CAP_SYS_ADMIN): System V
+    shared memory, semaphores and message queues (IPC_RMID: the kernel removes those this user owns or made,
+    and refuses the others), and its files and folders in /tmp, /var/tmp, /dev/shm and /run/lock and in any
+    folder there that every user may write to, without following a link."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    removers = {"shm": lambda i: libc.shmctl(i, 0, None), "sem": lambda i: libc.semctl(i, 0, 0),   # IPC_RMID
+                "msg": lambda i: libc.msgctl(i, 0, None)}
+    for kind, remove in removers.items():
+        try:
+            for line in open(f"/proc/sysvipc/{kind}").read().splitlines()[1:]:   # key, id, ...
+                remove(int(line.split()[1]))
+        except OSError:                               # a kernel without System V IPC
+            pass
+
+    def remove_own(folder):
+        for entry in os.scandir(folder):
+            try:
+                info = entry.stat(follow_symlinks=False)
+                if info.st_uid != os.getuid():
+                    if entry.is_dir(follow_symlinks=False) and info.st_mode & 0o002:
+                        remove_own(entry.path)        # another's folder, which every user may write to
+                elif not entry.is_dir(follow_symlinks=False):
+                    os.unlink(entry.path)             # a file, a link (not what it points to), a FIFO, a socket
+                else:                                 # its folder: each folder in it opened again to its owner
+                    os.chmod(entry.path, 0o700)       # (it may have closed them), then removed with all they hold
+                    for inside, folders, _ in os.walk(entry.path):
+                        for name in folders:
+                            if not os.path.islink(os.path.join(inside, name)):
+                                os.chmod(os.path.join(inside, name), 0o700)
+                    shutil.rmtree(entry.path)
+            except OSError:
+                pass
+    for top in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+        try:
+            remove_own(top)
+        except OSError:
+            pass
+
+
 def fork_server(control_fd: int):
     """A fresh interpreter that has imported torch, numpy, gymnasium and the standard library, and
     nothing of the course: it forks a worker per exercise (no torch import each time) and, asked to,
-    kills every process below it."""
+    kills every process below it. As root, each worker has a cgroup of its own (make_cgroup), removed once
+    its processes are killed."""
     import ctypes
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)           # PR_SET_CHILD_SUBREAPER: orphans are reparented here
     control = socket.socket(fileno=control_fd)
+    cgroups, forks = [], 0
     while (req := receive(control, 1 << 16)) is not None:
         if req["op"] == "fork":
+            forks += 1
+            if os.getuid() == 0:
+                req["cgroups"], req["cgroup"] = make_cgroup(req["cgroup_root"], f"agentic-rl-{os.getpid()}-{forks}",
+                                                            req["memory"], req["tasks"])
+                cgroups += req["cgroups"]
             mine, theirs = socket.socketpair()
             out_r, out_w = os.pipe()
             pid = os.fork()
@@ -3136,14 +3285,17 @@ def fork_server(control_fd: int):
             mine.close()
             os.close(out_r)
         else:
-            send(control, {"killed": kill_all(req["uid"])})
+            killed = kill_all(req["uid"])
+            remove_cgroups(cgroups)
+            cgroups = []
+            send(control, {"killed": killed})
     os._exit(0)                                       # the grader closed the socket: nothing to flush, no teardown
 
 
 SERVER_IMPORTS = (  # with project_imports(): what a worker can import where the sandbox user cannot read Python's files
     "import argparse, bisect, collections, concurrent.futures, contextlib, copy, ctypes, dataclasses, decimal, enum, "
     "fractions, functools, hashlib, heapq, inspect, io, itertools, json, math, operator, os, pathlib, queue, random, re, "
-    "resource, signal, socket, statistics, string, struct, sys, textwrap, threading, time, types, typing, warnings\n"
+    "resource, shutil, signal, socket, statistics, string, struct, sys, textwrap, threading, time, types, typing, warnings\n"
     "from dataclasses import fields, is_dataclass\nimport numpy as np, torch, torch.nn, torch.nn.functional, gymnasium, "
     "gymnasium.spaces, gymnasium.vector.utils, gymnasium.wrappers, tqdm, pytest")
 
@@ -3190,7 +3342,7 @@ class Sandbox:
     def __init__(self, user=SANDBOX_USER, memory: int = MEMORY_LIMIT):
         import pwd
         import subprocess
-        self.uid, self.memory, self.note = None, memory, f"memory {memory >> 20} MiB"
+        self.uid, self.memory, self.note = None, memory, "user"
         if os.getuid() == 0 and user:
             try:
                 entry = pwd.getpwnam(user)
@@ -3202,9 +3354,9 @@ class Sandbox:
                                  f"them the reference, the hidden checks or the course's secret: run `chmod -R go-rwx "
                                  f"{REPO}` (the bundle's setup.sh does) and grade again")
             self.uid = (entry.pw_uid, entry.pw_gid)
-            self.note += f", user {entry.pw_name}"
+            self.note += f" {entry.pw_name}"
         else:
-            self.note += f", user {os.getuid()} (no sandbox user: the student's code has the grader's rights)"
+            self.note += f" {os.getuid()} (no sandbox user: the student's code has the grader's rights)"
         self.lock = None
         if self.uid:   # kill_all kills every process of the sandbox user: one grading as root at a time
             self.lock = os.open("/run/agentic-rl-grade.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -3214,8 +3366,9 @@ class Sandbox:
                 print("another grading runs as the sandbox user; waiting for it to finish", file=sys.stderr)
                 fcntl.flock(self.lock, fcntl.LOCK_EX)
         ours, theirs = socket.socketpair()
-        server = (send, receive, to_wire, from_wire, serve, worker, isolate, private_root, system_paths, lock_down,
-                  seccomp_program, below, kill_all, fork_server)
+        server = (send, receive, to_wire, from_wire, serve, worker, compile_only, isolate, private_root, system_paths,
+                  lock_down, seccomp_program, below, kill_all, as_sandbox_user, remove_leftovers, make_cgroup,
+                  remove_cgroups, fork_server)
         code = "\n".join([SERVER_IMPORTS, project_imports(), *map(inspect.getsource, server),
                           f"fork_server({theirs.fileno()})"])
         env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith(("OMP_", "MKL_", "OPENBLAS_", "LC_", "LANG"))}
@@ -3264,10 +3417,14 @@ class Worker:
     """One exercise's student process and the socket to it; every reply has a deadline, every value the
     student's code asks of another exercise is answered here."""
 
-    def __init__(self, sandbox: Sandbox, folder, callbacks, deadline: float):
+    def __init__(self, sandbox: Sandbox, folder, callbacks, deadline: float, compile_only=()):
+        """compile_only: names of files in folder that the worker only compiles (see compile_only); its
+        answer is then self.ready."""
         self.sandbox, self.deadline, self.tail, self.callbacks = sandbox, deadline, bytearray(), callbacks
         fds, reply = sandbox.request(op="fork", folder=str(folder), uid=sandbox.uid and sandbox.uid[0],
-                                     gid=sandbox.uid and sandbox.uid[1], memory=sandbox.memory, callbacks=callbacks)
+                                     gid=sandbox.uid and sandbox.uid[1], memory=sandbox.memory, callbacks=callbacks,
+                                     compile=list(compile_only), cgroup_root=CGROUP_ROOT, tasks=WORKER_TASKS,
+                                     tasks_without_cgroup=TASKS_WITHOUT_CGROUP)
         if len(fds) != 2 or not reply:
             raise GraderFailure("the fork server sent no worker")
         self.sock, self.out = socket.socket(fileno=fds[0]), fds[1]
@@ -3424,35 +3581,69 @@ def parse_answers(text, problem) -> tuple:
     return (answers, None) if isinstance(answers, dict) else (None, "answers.json must hold a JSON object")
 
 
-@functools.lru_cache(maxsize=4)
-def compile_problem(text: str, name: str):
-    """Why a file does not compile, or None; once per file and grading, not once per exercise."""
-    try:
-        compile(text, name, "exec")
-    except Exception as e:                    # SyntaxError, and what a pathological file makes of the compiler
-        return f"{type(e).__name__}: {str(e)[:300]}"
+def folder_with(files: dict, prefix: str) -> Path:
+    """A fresh folder holding these files (name -> text): the worker can read them, not write them."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    for name, text in files.items():
+        (folder / name).write_text(text)
+        os.chmod(folder / name, 0o644)
+    os.chmod(folder, 0o755)
+    return folder
 
 
-def files_for(ex: str, submission: dict):
-    """The two files an exercise's worker imports: the student's file holding the exercise, and their
-    other file if it compiles, else the handout's (blanks only); or why the exercise cannot be graded."""
-    files = {}
+def compile_problems(sandbox: Sandbox, submission: dict, seconds: float) -> dict:
+    """name -> None, or (status, why) for a submitted file that cannot be read or does not compile; each file
+    compiled once per grading, in a worker of its own within `seconds`: the compiler's time and memory are
+    the student's, never the grader's (a file of nested f-strings takes it time quadratic in its length)."""
+    problems = {}
     for name in ("agentic_rl.py", "envs.py"):
         text, problem = submission[name]
-        problem = problem or compile_problem(text, name)
-        if problem and name == EXERCISE_FILE[ex]:
-            return f"{name} cannot be graded: {problem}"
-        files[name] = handout_text(name) if problem else text
+        if problem:
+            problems[name] = ("crashes", problem)
+            continue
+        folder, worker = folder_with({name: text}, "compile-"), None
+        try:
+            worker = Worker(sandbox, folder, [], time.monotonic() + seconds, compile_only=[name])
+            found = (worker.ready.get("compiled") or {}).get(name, "no answer")
+            if found is None:
+                problems[name] = None
+            elif not isinstance(found, dict) or not isinstance(found.get("raised"), list):
+                raise GraderFailure(f"the compiler's worker answered {str(found)[:80]!r}")
+            else:
+                kind = "memory limit" if "MemoryError" in found["raised"] else "crashes"
+                problems[name] = (kind, f"{found['raised'][0]}: {found.get('message', '')}")
+        except GradeTimeout:
+            problems[name] = ("time limit", f"compiling it took longer than the time limit ({seconds:g} s)")
+        except WorkerGone as e:
+            problems[name] = ("crashes", f"compiling it ended the compiler's process ({e})")
+        except GraderFailure as e:
+            problems[name] = verdict(e)
+        finally:
+            if worker is not None:
+                worker.close()
+            shutil.rmtree(folder, ignore_errors=True)
+    return problems
+
+
+def files_for(ex: str, submission: dict, problems: dict):
+    """The two files an exercise's worker imports: the student's file holding the exercise, and their
+    other file if it compiles, else the handout's (blanks only); or (status, why) the exercise cannot be
+    graded. problems: what compile_problems found."""
+    files = {}
+    for name in ("agentic_rl.py", "envs.py"):
+        if problems[name] and name == EXERCISE_FILE[ex]:
+            return problems[name][0], f"{name} cannot be graded: {problems[name][1]}"
+        files[name] = handout_text(name) if problems[name] else submission[name][0]
     return files
 
 
 def verdict(e: Exception) -> tuple:
     """(status, message) for what a check raised, told apart by the kind of exception, never by the words
-    of its message: a blank, a wrong value, a stop, or a crash; and the grader's own failure, which is never
-    the student's."""
+    of its message: a blank, a wrong value (the grader's own assert: an AssertionError the student's code raised
+    is a crash like any other), a stop, or a crash; and the grader's own failure, which is never the student's."""
     if isinstance(e, NotImplementedError):
         return "not started", str(e)
-    if isinstance(e, AssertionError):
+    if isinstance(e, AssertionError) and not getattr(e, "from_student", False):
         return "wrong", str(e)
     if isinstance(e, GradeTimeout):
         return "time limit", "stopped at the time limit: an endless loop, or far too slow"
@@ -3488,16 +3679,12 @@ def printable(text: str) -> str:
 def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
     """One exercise: a fresh folder and a fresh worker, its checks within `seconds` together, then the
     worker and everything it started killed."""
-    row, worker, trouble = {"points": EXERCISES[ex][0], "checks": []}, None, None
-    folder = Path(tempfile.mkdtemp(prefix=f"grade-{ex}-"))
+    row, worker, trouble, folder = {"points": EXERCISES[ex][0], "checks": []}, None, None, None
     try:
-        if isinstance(files, str):
-            trouble = ("crashes", files)
+        if isinstance(files, tuple):
+            trouble = files
         else:
-            for name, text in files.items():
-                (folder / name).write_text(text)
-                os.chmod(folder / name, 0o644)
-            os.chmod(folder, 0o755)                   # readable by the worker, not writable
+            folder = folder_with(files, f"grade-{ex}-")
             try:
                 worker = Worker(sandbox, folder, CALLBACKS.get(ex, []), time.monotonic() + seconds)
                 if "raised" in worker.ready:
@@ -3521,7 +3708,8 @@ def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
     finally:
         if worker is not None:
             worker.close()
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     return row
 
 
@@ -3560,8 +3748,10 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
     key = answer_key(answers, secret, students, silent_bug) if answers else None
     report = {}
     with Sandbox(user, memory) as sandbox:
-        for ex in (e for e in EXERCISES if only is None or e in only):
-            report[ex] = grade_exercise(sandbox, ex, files_for(ex, submission), time_limit)
+        graded = [e for e in EXERCISES if only is None or e in only]
+        problems = compile_problems(sandbox, submission, time_limit) if graded else {}
+        for ex in graded:
+            report[ex] = grade_exercise(sandbox, ex, files_for(ex, submission, problems), time_limit)
     for ex in experiments:
         report[ex] = {"points": EXPERIMENTS[ex], "checks": []}
         for check_ex, name, check, hidden in EXPERIMENT_CHECKS:
@@ -3695,8 +3885,29 @@ NOT_CHECKED = "a check the grader could not make (a rerun it could not finish, r
               "checked (no points lost): a TA may look"
 
 
+def quoted(message: str) -> str:
+    """A check's message as the report shows it: every line indented, so that none (a student's words may be in
+    it) can pass for a line of the report, such as "[passed] ..." or "total ..."."""
+    return textwrap.indent(message, "    ", lambda line: True)
+
+
+FILES_SHARED = ("WARNING: files shared: the student's code ran without a private root (the grader is not root, or "
+                "lacks CAP_SYS_ADMIN, as in a container with Docker's default capabilities) and could read every file "
+                "on this machine that others may read: keep other submissions, and anything else private, unreadable "
+                "by others (chmod -R go-rwx) while grading")
+NETWORK_SHARED = ("WARNING: network shared: the student's code ran with no network namespace and no seccomp filter, "
+                  "and could reach the network and this machine's unix sockets")
+
+
+def sandbox_lines(report: dict) -> list:
+    """What the workers ran as (the grader's note), and a loud warning for what they shared with the machine."""
+    note = report.get("~sandbox", "")
+    return [f"sandbox: {note}"] + ([FILES_SHARED] if "files shared" in note else []) + \
+        ([NETWORK_SHARED] if "network shared" in note and "seccomp on" not in note else [])
+
+
 def print_grade(report: dict) -> bool:
-    print(f"sandbox: {report.get('~sandbox', '')}")
+    print("\n".join(sandbox_lines(report)))
     print(f"{'exercise':<16}{'points':>14}  {'checks':>8}  status")
     rows = exercises(report)
     for ex, row in rows.items():
@@ -3710,7 +3921,7 @@ def print_grade(report: dict) -> bool:
         for c in row["checks"]:
             if c["status"] not in ("passed", "not started"):
                 print(f"\n[{ex}] {c['name']} ({'hidden' if c['hidden'] else 'visible'} check): {c['status']}\n"
-                      f"{textwrap.indent(c['message'], '    ')}")
+                      f"{quoted(c['message'])}")
     earned, possible = (sum(score(row)[i] for row in rows.values()) for i in (0, 1))
     skipped = sum(c["status"] == "not checked" for row in rows.values() for c in row["checks"])
     print(f"\ntotal {earned:.1f} / {possible:.1f}: " + ("some checks did not pass" if earned != possible else
@@ -3732,10 +3943,12 @@ def gradescope_results(report: dict, seconds: float) -> dict:
                 tests.append({"name": f"{ex} ({'hidden' if hidden else 'visible'} checks)",
                               "number": f"{number}.{int(hidden) + 1}", "score": round(earned, 2),
                               "max_score": round(possible, 2), "visibility": "after_published" if hidden else "visible",
-                              "output": "\n".join(f"[{c['status']}] {c['name']}" + (f"\n{c['message']}" if c["message"]
-                                                                                    else "") for c in part) + flag})
+                              "output": "\n".join(f"[{c['status']}] {c['name']}" + (f"\n{quoted(c['message'])}"
+                                                                                    if c["message"] else "")
+                                                   for c in part) + flag})
     return {"score": round(sum(t["score"] for t in tests), 2), "execution_time": round(seconds, 1),
-            "output": "agentic-rl homework: each exercise's visible checks, then its hidden ones",
+            "output": "\n".join(["agentic-rl homework: each exercise's visible checks, then its hidden ones",
+                                 *sandbox_lines(report)]),
             "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
 
 
@@ -3965,9 +4178,11 @@ def reference_answers(seeds=README_SEEDS, handout=None) -> dict:
 SECRET = "5e0f4c1b9a7d2e836f1c0b4a9d8e7f26"   # a course's secret for these tests (the README says how to make one)
 
 
-def course(*argv, cwd=REPO, check_exit=None):
-    """Run `python agentic_rl.py ARGV` as a TA would, from a grading installation."""
-    done = subprocess.run([sys.executable, "agentic_rl.py", *map(str, argv)], cwd=cwd, capture_output=True, text=True)
+def course(*argv, cwd=REPO, check_exit=None, preexec_fn=None):
+    """Run `python agentic_rl.py ARGV` as a TA would, from a grading installation (preexec_fn: what the TA's
+    session holds, set up in the process before it starts)."""
+    done = subprocess.run([sys.executable, "agentic_rl.py", *map(str, argv)], cwd=cwd, capture_output=True, text=True,
+                          preexec_fn=preexec_fn)
     assert check_exit is None or done.returncode == check_exit, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
@@ -4003,12 +4218,13 @@ class SharedSandbox:
     grades, and on leaving it kills every process of the grading, as Sandbox.__exit__ does. A whole Sandbox's
     life (a server per grading, the lock taken at its start) is what the command-line tests below exercise."""
 
-    def __init__(self, sandbox: Sandbox):
-        self.sandbox = sandbox
+    def __init__(self, sandbox: Sandbox, memory: int):
+        self.sandbox, self.memory = sandbox, memory
 
     def __enter__(self):
         hold(self.sandbox.lock, fcntl.LOCK_EX)
         self.sandbox.__dict__.pop("isolation", None)              # this grading's workers say what they ran as
+        self.sandbox.memory = self.memory                         # each fork request carries it
         return self.sandbox
 
     def __exit__(self, *exc):
@@ -4042,7 +4258,7 @@ def graded_privately(private_installation):
 
 @pytest.fixture(scope="module")
 def fork_servers():
-    """(user, memory) -> a Sandbox kept for this module's in-process gradings; closed (under the lock) at its end."""
+    """user -> a Sandbox kept for this module's in-process gradings; closed (under the lock) at its end."""
     servers = {}
     yield servers
     for sandbox in servers.values():
@@ -4057,11 +4273,11 @@ def shared_sandbox(fork_servers, graded_privately):
     real = Sandbox
 
     def sandbox(user=SANDBOX_USER, memory: int = MEMORY_LIMIT):
-        if (user, memory) not in fork_servers:
-            fork_servers[user, memory] = server = real(user, memory)
+        if user not in fork_servers:
+            fork_servers[user] = server = real(user, memory)
             server.clean()                  # answered once its imports are done: no test's time limit pays for them
             hold(server.lock, fcntl.LOCK_UN)                     # taken again for each grading
-        return SharedSandbox(fork_servers[user, memory])
+        return SharedSandbox(fork_servers[user], memory)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys.modules[__name__], "Sandbox", sandbox)
         yield
@@ -4240,6 +4456,9 @@ def started(pid):                                    # a raw clone's child comes
 def connect(path):
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(path)
+def datagram(path):                                  # a socket pair needs no path of its own to send to one
+    one, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    one.connect(path)
 clone_args = (ctypes.c_uint64 * 8)(0x10000000, 0, 0, 0, 17, 0, 0, 0)   # clone3's: CLONE_NEWUSER, exit signal SIGCHLD
 for name, attempt in [
         ("read the installation", lambda: note("read", open(SOURCE + "/test_agentic_rl.py").read()[:200])),
@@ -4248,6 +4467,12 @@ for name, attempt in [
         ("write answers.json", lambda: open(SUBMISSION + "/answers.json", "w").write('{{"silent_bug": "x"}}')),
         ("read a classmate's file", lambda: note("read", open(CLASSMATE).read()[-200:])),
         ("connect to a host socket", lambda: connect(HOST_SOCKET)),
+        ("send a datagram to a host socket", lambda: datagram(HOST_SOCKET)),
+        ("open an internet socket", lambda: socket.socket(socket.AF_INET).close()),
+        ("open a vsock socket", lambda: socket.socket(socket.AF_VSOCK).close()),   # it would reach the hypervisor
+        ("read the TA's key", lambda: note("read", checked(libc.syscall(250, 10, -3, b"user", b"ta:api-token", 0)))),
+        ("request the TA's key", lambda: checked(libc.syscall(249, b"user", b"ta:api-token", None, 0))),
+        ("leave a key for the next", lambda: checked(libc.syscall(248, b"user", b"left", b"x", 1, -4))),
         ("clone a user namespace", lambda: started(libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0))),   # clone(2)
         ("clone3 a user namespace", lambda: started(libc.syscall(435, ctypes.byref(clone_args), 64))),  # clone3(2)
         ("unshare a user namespace", lambda: checked(libc.unshare(0x10000000)))]:      # last: it would stay in it
@@ -4259,6 +4484,7 @@ for name, attempt in [
 for line in open("/proc/self/status").read().splitlines():
     if line.startswith(("NoNewPrivs:", "Seccomp:")):
         note("status", line)
+note("keys it sees", open("/proc/keys").read())        # a read, which no filter stops
 note("processes", sorted(int(pid) for pid in os.listdir("/proc") if pid.isdigit()))
 for pid in filter(str.isdigit, os.listdir("/proc")):  # look for the grader through /proc
     for what in ("cwd", "root"):
@@ -4282,6 +4508,15 @@ if os.fork() == 0:                                   # a detached child that out
 '''
 
 
+def keyring_with_a_token():
+    """In a grader's process before it starts: a session keyring of its own (gone with its processes) holding
+    a TA's token, as a TA's login session may."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    libc.syscall(250, 1, None)                                             # keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)
+    libc.syscall(248, b"user", b"ta:api-token", b"token", 5, -3)           # add_key(2) to KEY_SPEC_SESSION_KEYRING
+
+
 def alive_as(uid: int) -> list:
     return [p for p in filter(str.isdigit, os.listdir("/proc")) if os.path.exists(f"/proc/{p}/status") and
             f"\nUid:\t{uid}\t" in open(f"/proc/{p}/status").read()]
@@ -4293,7 +4528,10 @@ def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_pat
     batch of world-readable folders, beside a host service's unix socket: it reads /proc, tries to read and write
     the installation, to write its answers, to read a classmate's file, to reach the socket, to make a user
     namespace three ways, prints bytes that look like frames, and leaves a child that rewrites the results. It
-    reports all it found through its error message, the one way out it has; the classmate is graded next."""
+    reports all it found through its error message, the one way out it has; the classmate is graded next. The
+    grader's session keyring holds a TA's token (keyctl search, request_key), and the attack also tries to leave a
+    key in the user's keyring (add_key), to open an internet or vsock socket and to reach the host's socket
+    through a socket pair."""
     source, results = installation(tmp_path), tmp_path / "results.json"
     batch = Path(tempfile.mkdtemp(dir="/run"))       # outside /tmp, which each worker has of its own
     os.chmod(batch, 0o755)
@@ -4317,7 +4555,7 @@ def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_pat
         installed = lambda: {p.name: p.read_bytes() for p in source.iterdir() if p.is_file()}   # not __pycache__
         before = installed()
         done = course("grade", submission, "--only", "returns,kl_k3,silent_bug", "--json", results, cwd=source,
-                      check_exit=1)
+                      check_exit=1, preexec_fn=keyring_with_a_token)
         graded = json.loads(results.read_text())
         time.sleep(1.0)                              # a surviving child would rewrite results.json by now
         assert json.loads(results.read_text()) == graded and alive_as(pwd_uid()) == []
@@ -4329,11 +4567,12 @@ def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_pat
         assert tests["returns (hidden checks)"]["score"] == tests["returns (hidden checks)"]["max_score"]
         assert tests["kl_k3 (visible checks)"]["score"] == 0
         seen = tests["kl_k3 (visible checks)"]["output"] + tests["kl_k3 (hidden checks)"]["output"]   # its messages
-        assert "an attempt worked" not in seen and seen.count("refused") >= 9, seen
+        assert "an attempt worked" not in seen and seen.count("refused") >= 15, seen
+        assert "keys it sees" in seen and "ta:api-token" not in seen, "the grader's keyring is out of reach"
         assert "bob's own work" not in json.dumps(graded), "a classmate's folder is out of reach"
         assert "status: NoNewPrivs:\t1" in seen and "status: Seccomp:\t2" in seen, seen
         assert "processes: [1]" in seen or "pids shared" in done.stdout, "it sees only what it started"
-        assert not [line for line in seen.splitlines() if line.startswith("found: ") and str(tmp_path) in line], \
+        assert not [line for line in seen.splitlines() if line.strip().startswith("found: ") and str(tmp_path) in line], \
             "/proc shows the student nothing of the grader's directories"
         reference = (REPO / "agentic_rl.py").read_text()
         lines = {normalized(line) for line in reference.splitlines() if len(normalized(line)) > 24}
@@ -4398,7 +4637,10 @@ def test_whatever_a_submission_holds_it_gets_a_valid_results_json(tmp_path, caps
         assert all(e in text for e in expected), (case, text[-1500:])
 
 
-def test_limits_are_checked_up_front_and_a_memory_hog_is_stopped(tmp_path, capsys, shared_sandbox):
+def test_limits_are_checked_up_front_and_a_memory_hog_is_stopped(tmp_path, capsys, monkeypatch, shared_sandbox):
+    """A hog of 3 GiB, then, with a limit of 512 MiB, four processes of 200 MiB each (each under a process's
+    limit, RLIMIT_AS, not together): the limit is the worker's, a cgroup's where the machine has one, else a share of it for each of
+    the few processes the sandbox user may have; the reference passes either way."""
     for bad in ("0", "-1", "nan", "inf", "1e-9"):
         code, printed = course_here(capsys, "grade", tmp_path, "--time-limit", bad)
         assert code == 2 and "--time-limit" in printed
@@ -4409,6 +4651,40 @@ def test_limits_are_checked_up_front_and_a_memory_hog_is_stopped(tmp_path, capsy
     fill(submission / "agentic_rl.py", "kl_k3", ["hog = bytearray(3 << 30)", "return hog"])
     report = grade(submission, only=["kl_k3"])
     assert {c["status"] for c in report["kl_k3"]["checks"]} == {"memory limit"}, report
+    write_handout(tmp_path / "hogs", only=["kl_k3"])
+    fill(tmp_path / "hogs" / "agentic_rl.py", "kl_k3", HOGS.splitlines())   # 4 processes, each under 512 MiB
+    for cgroups in (CGROUP_ROOT, str(tmp_path / "none")):     # the machine's cgroups, then a machine without
+        monkeypatch.setattr(sys.modules[__name__], "CGROUP_ROOT", cgroups)
+        report = grade(tmp_path / "hogs", only=["kl_k3"], memory=512 << 20)
+        held = re.search(r"held 200 MiB each at once: (\d)", report["kl_k3"]["checks"][0]["message"])
+        assert (int(held.group(1)) if held else 0) < 4 or "no sandbox user" in report["~sandbox"], report
+        assert "for the worker and all it starts (cgroup v" in report["~sandbox"] or "no cgroup" in report["~sandbox"]
+    assert "no cgroup; 8 tasks" in report["~sandbox"] or "no sandbox user" in report["~sandbox"], report["~sandbox"]
+    report = grade(REPO, only=["mask", "ppo_clip", "promotion"])     # the reference, torch's threads and all
+    assert {c["status"] for row in exercises(report).values() for c in row["checks"]} == {"passed"}, report
+
+
+HOGS = """import os, select, time
+ready, told = os.pipe()
+for _ in range(4):
+    if os.fork() == 0:
+        try:
+            hog = b"x" * (200 << 20)
+            os.write(told, b"1")
+            time.sleep(60)
+        finally:
+            os._exit(0)
+os.close(told)
+held, ended, deadline = 0, 0, time.monotonic() + 20
+while held + ended < 4 and time.monotonic() < deadline:
+    if select.select([ready], [], [], 0.1)[0]:
+        held += len(os.read(ready, 4))
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            ended += 1
+    except ChildProcessError:
+        pass
+raise RuntimeError(f"processes that held 200 MiB each at once: {held}")"""
 
 
 ASK_THE_GRADER = """import sys as _s, __main__ as _m
@@ -4434,7 +4710,8 @@ def sysv_objects(key: int) -> list:
 def test_what_a_red_team_broke_holds_now(tmp_path, shared_sandbox):
     """A second round of attacks (a red team's, on this grader): asking the grader for another exercise's
     answer, a reply of 40 MB, a screen-clearing message, files left in /tmp and a shared-memory segment and
-    message queue left for the next exercise, a file that crashes the compiler, a frame that drips in, and
+    message queue left for the next exercise, a file that crashes the compiler and one it takes minutes over
+    (compiled in the grader's process, it held up the grading), a frame that drips in, and
     a link planted at the results' old temporary name (two gradings side by side:
     test_two_gradings_at_once_take_turns)."""
     sub = tmp_path / "sub"
@@ -4465,6 +4742,12 @@ def test_what_a_red_team_broke_holds_now(tmp_path, shared_sandbox):
     report = exercises(grade(sub, only=["returns", "permission_rule"]))
     assert {c["status"] for c in report["returns"]["checks"]} == {"crashes"}
     assert {c["status"] for c in report["permission_rule"]["checks"]} == {"passed"}
+    (sub / "agentic_rl.py").write_text("x = f'" + "{1}" * 100_000 + "'\n")   # 300 kB, which takes the compiler
+    t = time.time()                                                        # time quadratic in its length
+    report = exercises(grade(sub, only=["returns", "permission_rule"], time_limit=2))
+    assert {c["status"] for c in report["returns"]["checks"]} == {"time limit"}, report["returns"]
+    assert {c["status"] for c in report["permission_rule"]["checks"]} == {"passed"}, "the grader compiles nothing itself"
+    assert time.time() - t < 30
     drip = tmp_path / "drip"
     write_handout(drip, only=["kl_k3"])
     with open(drip / "agentic_rl.py", "a") as f:                 # a frame that promises 100 bytes, one a second
@@ -4479,6 +4762,76 @@ def test_what_a_red_team_broke_holds_now(tmp_path, shared_sandbox):
     (tmp_path / "out.json.tmp").symlink_to(victim)               # the old predictable temporary name
     A.atomic_write(tmp_path / "out.json", lambda f: f.write(b"{}"))
     assert victim.read_text() == "root's file" and (tmp_path / "out.json").read_text() == "{}"
+
+
+DOCKER_CAPABILITIES = (0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 27, 29, 31)   # Docker's default: chown, dac_override,
+# fowner, fsetid, kill, setgid, setuid, setpcap, net_bind_service, net_raw, sys_chroot, mknod, audit_write, setfcap
+
+
+def with_dockers_capabilities():
+    """In a process before it starts a program: the capabilities Docker leaves a container's root, and no
+    other (none of CAP_SYS_ADMIN's namespaces and mounts), for it and all it starts."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    for capability in set(range(41)) - set(DOCKER_CAPABILITIES):
+        libc.prctl(24, capability, 0, 0, 0)                              # PR_CAPBSET_DROP
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the sandbox user needs a grader running as root")
+def test_without_cap_sys_admin_the_grader_makes_up_for_the_namespaces_and_says_so(tmp_path, graded_privately,
+                                                                                   monkeypatch):
+    """Graded as root with Docker's default capabilities (Gradescope's container may have no more): no
+    namespace can be made, so a worker shares the machine's network, System V IPC, processes and files. The
+    seccomp filter still refuses sockets; what the sandbox user left in /tmp, /var/tmp, /dev/shm and /run/lock
+    (a folder it closed, a link to root's file) and its shared memory, semaphores and message queues are
+    removed after each exercise; and the report and results.json say what was shared, loudly for files."""
+    key, victim = random.randrange(1, 1 << 31), tmp_path / "victim.txt"
+    victim.write_text("root's file")
+    sub = tmp_path / "sub"
+    write_handout(sub, only=["kl_k3"])
+    fill(sub / "agentic_rl.py", "kl_k3", ["raise RuntimeError(_NETWORK)"])
+    with open(sub / "agentic_rl.py", "a") as f:
+        f.write(f"""
+import ctypes as _ctypes, os as _os, socket as _socket
+for _top in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+    open(f"{{_top}}/agentic-rl-left-{key}", "w").write("for the next student")
+_os.makedirs("/tmp/agentic-rl-dir-{key}/inner")
+open("/tmp/agentic-rl-dir-{key}/inner/file", "w").close()
+_os.chmod("/tmp/agentic-rl-dir-{key}/inner", 0o500)
+_os.symlink({str(victim)!r}, "/tmp/agentic-rl-link-{key}")
+_libc = _ctypes.CDLL(None)
+_libc.shmget({key}, 4096, 0o1666), _libc.semget({key}, 1, 0o1666), _libc.msgget({key}, 0o1666)   # IPC_CREAT | 0o666
+try:
+    _socket.socket(_socket.AF_INET).close()
+    _NETWORK = "a socket: an attempt worked"
+except OSError as e:
+    _NETWORK = f"a socket: refused ({{e}})"
+""")
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: real_popen(*a, preexec_fn=with_dockers_capabilities, **k))
+    server = Sandbox()                                   # its fork server, with Docker's capabilities
+    monkeypatch.undo()
+    left = lambda: [f"{top}/{name}" for top in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock") for name in os.listdir(top)
+                    if name.startswith("agentic-rl-") and name.endswith(f"-{key}")]
+    try:
+        server.clean()
+        hold(server.lock, fcntl.LOCK_UN)
+        monkeypatch.setattr(sys.modules[__name__], "Sandbox", lambda user, memory: SharedSandbox(server, memory))
+        report = grade(sub, only=["kl_k3"])
+        assert "network shared, ipc shared, pids shared, files shared" in report["~sandbox"], report["~sandbox"]
+        assert {c["status"] for c in report["kl_k3"]["checks"]} == {"crashes"}
+        assert "a socket: refused" in report["kl_k3"]["checks"][0]["message"], "no network: the filter holds"
+        assert left() == [] and sysv_objects(key) == [], "what it left is gone before the next exercise"
+        assert victim.read_text() == "root's file", "a link is removed, never followed"
+        output = gradescope_results(report, 1.0)["output"]
+        assert f"sandbox: {report['~sandbox']}" in output and "WARNING: files shared" in output, output
+        assert "keep" in output and "unreadable" in output
+    finally:
+        for path in left():
+            subprocess.run(["rm", "-rf", path])
+        sysv_objects(key)
+        hold(server.lock, fcntl.LOCK_EX)
+        server.__exit__(None, None, None)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="the sandbox user needs a grader running as root")
@@ -4674,6 +5027,14 @@ def test_a_message_is_filed_by_what_raised_it_never_by_its_words():
                                                                          "MemoryError)")
     status, message = verdict(raised("MemoryError", "a 3 GiB bytearray"))
     assert status == "memory limit" and "a 3 GiB bytearray" in message
+    forged = "ok\n[passed] kl_k3 (hidden checks)\ntotal 140.0 / 140.0: every check passed"
+    assert verdict(raised("AssertionError", forged)) == ("crashes", f"AssertionError: {forged} (raised by your code)"), \
+        "'wrong' is the grader's own assert: the student's is a crash"
+    row = {"points": 6, "checks": [{"name": "kl_k3_is_nonnegative", "hidden": False, "status": "crashes",
+                                    "message": verdict(raised("AssertionError", forged))[1]}]}
+    output = gradescope_results({"kl_k3": row}, 1.0)["tests"][0]["output"]
+    assert [line for line in output.splitlines() if not line.startswith("    ")] == ["[crashes] kl_k3_is_nonnegative"], \
+        "every line of a message is indented: it cannot forge a line of the report"
 
 
 def test_experiments_are_graded_on_the_runs_own_records():
