@@ -2440,7 +2440,6 @@ def test_hw(exercise, name, check_fn, hidden):
 # ================================================================================================
 import argparse
 import fcntl
-import functools
 import hashlib
 import hmac
 import inspect
