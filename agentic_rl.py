@@ -707,6 +707,13 @@ class TrajectoryStore:
         return out
 
 
+def sft_step(policy, batch, idx) -> tuple:
+    """One supervised minibatch (the warm start's, rs_sft's): sft_loss on its action tokens, and their mean entropy."""
+    tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
+    logprobs, entropy = token_logprobs(policy(tokens)[0], tokens)
+    return sft_loss(logprobs, mask), {"entropy": float((entropy.detach() * mask).sum() / mask.sum())}
+
+
 def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     """Supervised fine-tuning on the demonstrator: imitation copies its habits, good and bad."""
     if cfg.warm_start_episodes == 0:
@@ -726,9 +733,7 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     for idx in tqdm(batches, total=steps, desc="warm start (SFT)", disable=not progress, leave=False):
         for group in opt.param_groups:
             group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)  # constant, then a cosine to 0 (Part II)
-        tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
-        logprobs, _ = token_logprobs(policy(tokens)[0], tokens)
-        loss = sft_loss(logprobs, mask)
+        loss, _ = sft_step(policy, batch, idx)
         opt.zero_grad()
         loss.backward()  # no gradient clipping here: clipping at 1.0 delayed learning to copy (README)
         opt.step()
@@ -961,12 +966,7 @@ def other_route(policy, optimizer, ref_policy, tok, cfg: Config, grads: GradMoni
         route["kept"] = len(kept)
         if kept:
             sft = {k: v.to(device) for k, v in pack(kept, tok, cfg.block_size).items()}
-
-            def sft_step(idx):
-                tokens, mask = trim(sft["tokens"][idx], sft["action_mask"][idx])
-                logprobs, entropy = token_logprobs(policy(tokens)[0], tokens)
-                return sft_loss(logprobs, mask), {"entropy": float((entropy.detach() * mask).sum() / mask.sum())}
-            stats = optimizer_steps(policy, optimizer, grads, cfg, len(kept), sft_step)
+            stats = optimizer_steps(policy, optimizer, grads, cfg, len(kept), functools.partial(sft_step, policy, sft))
         return stats
     chosen, rejected, without = dpo_pairs(admitted)
     route.update(dpo_pairs=len(chosen), groups_without_pair=without)
