@@ -629,8 +629,6 @@ def sft_loss(logprobs, mask) -> torch.Tensor:
 # ================================================================================================
 # 05 · Training system: the trajectory store, the warm start, the learner, the rollout of a batch
 # ================================================================================================
-
-
 REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split", "policy_version")
 
 
@@ -1434,6 +1432,9 @@ def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
 
 # --- Checkpoints, run directories and resume ----------------------------------------------------
 CHECKPOINT_FORMAT = "agentic-rl-checkpoint-2"
+RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt", "report.html")
+STATE_KEYS = ("config", "model", "optimizer", "history", "incumbent", "warm", "version", "grad_norms",
+              "skipped_updates", "seen_ids", "rng")
 
 
 def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
@@ -1526,9 +1527,6 @@ def writable_dir(path, flag: str) -> Path:
     return Path(path)
 
 
-RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt", "report.html")
-
-
 def run_files(run: Path) -> dict:
     """The RUN_FILES that `run` holds -> their paths, with what an interrupted atomic_write left (NAME.*.tmp)."""
     found = {name: [p for p in [run / name, *run.glob(f"{name}.*tmp")] if p.exists()] for name in RUN_FILES}
@@ -1574,10 +1572,6 @@ def set_rng_state(state: dict):
     torch.set_rng_state(state["torch"])
     if state["cuda"]:
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-STATE_KEYS = ("config", "model", "optimizer", "history", "incumbent", "warm", "version", "grad_norms",
-              "skipped_updates", "seen_ids", "rng")
 
 
 def load_run_state(run_dir: str) -> tuple:
