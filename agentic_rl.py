@@ -1019,9 +1019,7 @@ def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
 
 # ################################################################################################
 # PART II · THE SYSTEM
-# What train() leans on, and a first reading can skip: checks, environments and seeds, the batched rollout,
-# devices, torchrun and the async actor, the demonstrator's episodes, the transformer, checkpoints, run
-# directories and resume, the Run record, the report card and monitors (§05 and §07 in practice).
+# What train() leans on (§05 and §07 in practice), and a first reading can skip; its sections are named below.
 # ################################################################################################
 # --- Checks on settings, inputs and records -----------------------------------------------------
 CHOICES = {"env": envs.ENV_IDS, "algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_std": ("population", "unbiased", "none"),
@@ -1901,8 +1899,7 @@ def report_card_rows(columns: dict) -> list:
 
 # ################################################################################################
 # PART III · THE TOOLS
-# The commands around the loop: examples, show, play, compare, bench, the pictures (report.html,
-# compare.html, examples --html), the CLI (homework and grade: test_agentic_rl.py).
+# The commands around the loop: examples, show, play, compare, bench, the pictures (report.html ...), the CLI.
 # ################################################################################################
 def worked_examples() -> dict:
     """The chapter's three hand calculations, computed by the functions training uses."""
