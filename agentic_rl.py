@@ -1115,8 +1115,7 @@ def _same_shape(**tensors):
 
 
 def malformed(ep, vocab_size: int):
-    """The store's low-level refusals, before the ones that teach (TrajectoryStore.add): an Episode of
-    Turns with ints for versions and token ids (in the vocabulary) and finite, possible numbers."""
+    """The store's low-level refusals (types, token ids, finite and possible numbers), before the ones that teach."""
     name = getattr(ep, "episode_id", "?")
     if not isinstance(ep, Episode) or not isinstance(name, str):
         raise ValueError(f"episode {name!r}: an Episode with a str episode_id is needed")
@@ -1151,8 +1150,7 @@ def env_class(env_id: str):
 
 
 def make_env(cfg: Config):
-    """The task as configured. A time_limit is a cut from outside the task (gymnasium's TimeLimit wrapper,
-    which the policy cannot see), unlike the task's own budget (max_turns, shown unless --hide-clock)."""
+    """The task as configured; a time_limit wraps it in gymnasium's TimeLimit: a cut from outside the task (CUTS)."""
     kwargs = {"injection_rate": cfg.injection_rate, "legs": cfg.legs} if cfg.env == envs.FLIGHT_ID else {}
     kwargs.update({"verifier": cfg.code_verifier, "max_bugs": cfg.code_bugs} if cfg.env == envs.CODE_ID else {})
     kwargs.update({"max_turns": cfg.max_turns} if cfg.max_turns else {})
@@ -1173,11 +1171,9 @@ def seed_everything(seed: int):
 @torch.no_grad()
 def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool, policy_version: int,
             iteration: int = 0, group_ids=None, task_ids=None, rank: int = 0, generator=None):
-    """play_episode for len(seeds) episodes at once (of the given task_ids, or of tasks drawn from each seed);
-    returns (episodes, envs) so evaluators can read the final states. All episodes advance one token per step in
-    lockstep, with a KV cache (policy(new_tokens, cache, pos) continues from policy.new_cache()): each position is a
-    forced context token (prompt / observation) or one the policy samples. Actions that finish at the same step go
-    to their tools together (concurrently when tools take time, tool_latency_ms), like a real host's."""
+    """play_episode for len(seeds) episodes at once (of task_ids, or of tasks drawn from the seeds) -> (episodes, envs).
+    All advance a token per step in lockstep with a KV cache: each position is a forced context token or a sampled one;
+    actions that end at the same step go to their tools together (concurrently when tools take time)."""
     device, B = next(policy.parameters()).device, len(seeds)
     started = [start_episode(cfg, s, split, f"{split}-v{policy_version}-i{iteration}-r{rank}-e{i}", policy_version,
                              i if group_ids is None else group_ids[i], None if task_ids is None else task_ids[i])
@@ -1248,11 +1244,10 @@ def init_distributed(cfg: Config):
 
 
 def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
-    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1 while
-    the learner trains on batch it - 1 (a queue of one batch between them): staleness 1 from the second batch
-    on, still checked by the store; the actor's own random generator keeps the run reproducible. Threads
-    suffice: torch's kernels and a waiting tool call release the GIL (tool_latency_ms). When the learner
-    stops (the end, an error, Ctrl-C), the actor is stopped and joined before anything exits."""
+    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy it - 1 while the learner
+    trains on batch it - 1 (a queue of one batch between them): staleness 1 from the second batch on, still checked by
+    the store; its own random generator keeps the run reproducible. Threads suffice: torch's kernels and a waiting tool
+    call release the GIL. When the learner stops (the end, an error, Ctrl-C), the actor is stopped and joined."""
     publish(policy, clock, start)  # the first batch is sampled by the start version itself
     actor, out = copy.deepcopy(policy).eval(), queue.Queue(maxsize=1)
     generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed * 7919 + rank)
@@ -1300,8 +1295,7 @@ def publish(policy, clock: dict, version: int):
 
 # --- The demonstrator's episodes: the warm start's data, recorded through the host gate ---------
 def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> list:
-    """Scripted demonstrator episodes on the train split, through the same host gate. SFT data is a
-    separate recipe: these are not policy samples, so they carry no log-probs and never enter the store."""
+    """The scripted demonstrator's episodes on the train split, through the host gate: SFT data, not policy samples."""
     demo, out = env_class(cfg.env).Demonstrator(cfg.demo_habit, seed=seed), []
     recorded = replace(cfg, tool_latency_ms=0.0, time_limit=0)  # recorded data: no waits, no outside cut
     for i in range(n):
@@ -1436,8 +1430,7 @@ STATE_KEYS = ("config", "model", "optimizer", "history", "incumbent", "warm", "v
 
 
 def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
-    """Only tensors, numbers, strings, lists and dicts, so it loads with weights_only=True (no pickled
-    code); with the format, environment and vocabulary that a loader checks. Written atomically."""
+    """Tensors, numbers, strings, lists and dicts only (it loads with weights_only=True), with what a loader checks."""
     cls = env_class(cfg.env)
     atomic_write(path, lambda f: torch.save({
         "format": CHECKPOINT_FORMAT, "env_id": cfg.env, "env_version": cls.env_version,
@@ -1479,8 +1472,7 @@ def load_policy_weights(policy, weights, what: str):
 
 
 def load_checkpoint(path, device):
-    """Refuses, with the reason, anything it cannot trust: a pickled payload, another format, an environment
-    or vocabulary this version does not have, weights that do not match the config or are not finite."""
+    """-> (policy, tok, cfg, policy_version); refuses, with the reason, anything it cannot trust (the checks below)."""
     what = f"--ckpt {path}"
     ckpt = load_trusted(path, what, "no such file; train first (python agentic_rl.py train)")
     cfg = saved_config(ckpt, what)
@@ -1597,12 +1589,10 @@ def load_run_state(run_dir: str) -> tuple:
 
 # --- A run: what train() carries, starts and finishes -------------------------------------------
 class Run:
-    """What a training run carries besides the loop: settings, rank, device, directory, policy, optimizer, store,
-    gradient monitor, metrics so far, the incumbent's report cards, policy version, resumed state (or None), clocks."""
+    """What a training run carries besides the loop (train() lists it), and how it starts, records and finishes."""
 
     def __init__(self, cfg: Config, progress: bool):
-        """Validate, or take an interrupted run's own settings (--resume); join torchrun's ranks; seed; make
-        the run directory (rank 0); build the tokenizer, policy, optimizer, store; restore a resumed state."""
+        """Check the settings (or take an interrupted run's own), join torchrun, seed, build it all or restore it."""
         validate_config(cfg)
         state = None
         if cfg.resume:  # the interrupted run's own settings, in the directory given
@@ -1705,8 +1695,7 @@ class Run:
                     disable=not (self.progress and self.lead), leave=False)
 
     def record(self, m: dict, n_episodes: int, started: float, rollout_seconds: float):
-        """After an update: the new policy version to the actor, the iteration's monitors, an optional
-        greedy dev check, one line of metrics.jsonl and state.pt (rank 0)."""
+        """After an update: weights to the actor, monitors, a dev check if due, metrics.jsonl and state.pt (rank 0)."""
         self.seconds["rollout"] += rollout_seconds
         self.seconds["learner"] += m["learner_seconds"]
         if self.cfg.async_rollout:
@@ -1729,8 +1718,7 @@ class Run:
 
 
 def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: list) -> dict:
-    """final.pt (the candidate if promoted, else the incumbent), the printed report card and gates,
-    summary.json, and report.html drawn from the same records (Part III, pictures)."""
+    """final.pt (the candidate if promoted, else the incumbent), the printed card, gates, summary.json, report.html."""
     cfg, history, incumbent = run.cfg, run.history, run.incumbent
     save_checkpoint(run.dir / "final.pt", run.policy, run.tok, cfg, run.version if promoted else 0)
     cards = {"incumbent": incumbent, "candidate": candidate}
@@ -1802,8 +1790,7 @@ def holdout_tasks(cfg: Config, part: str, n: int) -> list:
 
 
 def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seconds: float) -> dict:
-    """evaluate()'s report card: success with its Wilson interval, per category, safety (gate denials, side
-    effects, injection attempts), pass^k, efficiency (tokens, tool calls, credits per episode and per success)."""
+    """evaluate()'s card: success and its Wilson interval, categories, safety, pass^k, efficiency (per success too)."""
     n, success = len(episodes), [int(v.success) for v in verdicts]
     turns = [t for ep in episodes for t in ep.turns]
     denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
@@ -1854,8 +1841,7 @@ class GradMonitor:
 
 
 def batch_monitors(episodes, cfg: Config) -> dict:
-    """What one batch of training episodes did (learn() adds what the update did): success, reward, turns,
-    cuts by name, invalid actions, gate denials by rule, tool calls and errors, cost, process rewards, tokens."""
+    """What one batch of training episodes did, by the keys below (learn() adds what the update did)."""
     turns = [t for ep in episodes for t in ep.turns]
     return {"success": float(np.mean([ep.reward >= 1.0 for ep in episodes])),
             "reward": float(np.mean([sum(turn_rewards(ep, cfg)) for ep in episodes])),
@@ -1879,9 +1865,8 @@ def log_line(it: int, m: dict) -> str:
 
 
 def report_card_rows(columns: dict) -> list:
-    """(group, key, label, the value of each column as printed) per report-card line, for the terminal and
-    report.html. The labels say how an outcome was measured: success greedy on every held-out task,
-    pass^k with k sampled trials on each of the first pass_k_tasks tasks."""
+    """(group, key, label, each column's value as printed) per report-card line, for the terminal and report.html; a
+    label says how its outcome was measured."""
     first = next(iter(columns.values()))
     k = sum(key.startswith("pass^") for key in first)
     labels = {"success": f"success (greedy, {first['episodes']})", f"pass^{k}": f"pass^{k} ({k} sampled each)"}
@@ -1949,9 +1934,8 @@ def print_examples(html_path: str | None = None):
 
 
 def held_out_groups(policy, tok, cfg: Config, version: int, part: str, n_groups: int):
-    """Training-style groups on held-out tasks (group_size episodes of one task, temperature 1, from a
-    generator of their own: no training stream is touched), each with the advantages the learner would
-    give them (None for rs_sft and dpo). Yields (task_id, episodes, envs, verdicts, advantages (B, K))."""
+    """Training-style groups on held-out tasks (sampled, from a generator of their own), each with the learner's
+    advantages (None: rs_sft, dpo). Yields (task_id, episodes, envs, verdicts, advantages (B, K))."""
     own = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed)
     for group, task_id in enumerate(holdout_tasks(cfg, part, n_groups)):
         episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * cfg.group_size, "holdout", greedy=False,
@@ -1964,9 +1948,8 @@ def held_out_groups(policy, tok, cfg: Config, version: int, part: str, n_groups:
 
 def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", part: str = "test", credit: str = "",
          html_path: str | None = None):
-    """Audit episodes before promotion: training-style groups on held-out tasks with the advantages the learner
-    would use (or --credit's), printed turn by turn: [bracketed] tokens are the policy's own (action_mask 1), the
-    rest context; the gate's decision, reward, advantage, verdict. html_path: also draw the checkpoint's report.html."""
+    """Audit episodes before promotion: held-out groups turn by turn with the learner's advantages (or --credit's);
+    [bracketed] tokens are the policy's own (action_mask 1), the rest context. html_path: report.html too."""
     if n < 1:
         raise ValueError(f"--n {n}: must be >= 1")
     if html_path:
@@ -2400,8 +2383,7 @@ COURSE_COMMANDS = {"homework": "write a student handout, or Gradescope's autogra
 
 
 def course_command(argv):
-    """`homework` and `grade` are the course's machinery: they live with the checks they run, in
-    test_agentic_rl.py, and a student's handout leaves them out."""
+    """homework and grade live with the checks they run, in test_agentic_rl.py; a student's handout leaves them out."""
     try:
         import test_agentic_rl as course
     except ImportError as e:
