@@ -2382,22 +2382,17 @@ COURSE_COMMANDS = {"homework": "write a student handout, or Gradescope's autogra
                    "grade": "grade a submission in a sandbox against this installation's checks"}
 
 
-def course_command(argv):
-    """homework and grade live with the checks they run, in test_agentic_rl.py; a student's handout leaves them out."""
-    try:
-        import test_agentic_rl as course
-    except ImportError as e:
-        sys.exit(f"agentic_rl.py {argv[0]}: cannot load test_agentic_rl.py beside this file ({e})")
-    if not hasattr(course, "course_main"):
-        sys.exit(f"agentic_rl.py {argv[0]}: this copy is a handout; handouts and grading need the course's "
-                 "installation (the full repository)")
-    course.course_main(argv)
-
-
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in COURSE_COMMANDS:
-        return course_command(argv)
+    if argv and argv[0] in COURSE_COMMANDS:  # they live with the checks they run; a student's handout leaves them out
+        try:
+            import test_agentic_rl as course
+        except ImportError as e:
+            sys.exit(f"agentic_rl.py {argv[0]}: cannot load test_agentic_rl.py beside this file ({e})")
+        if not hasattr(course, "course_main"):
+            sys.exit(f"agentic_rl.py {argv[0]}: this copy is a handout; handouts and grading need the course's "
+                     "installation (the full repository)")
+        return course.course_main(argv)
     parser = argparse.ArgumentParser(description="Agentic RL in one file: see the module docstring.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser = functools.partial(sub.add_parser, allow_abbrev=False)  # --seed never silently means --seeds
