@@ -1179,18 +1179,17 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
                              i if group_ids is None else group_ids[i], None if task_ids is None else task_ids[i])
                for i, s in enumerate(seeds)]
     env_list, gates, episodes, first = (list(x) for x in zip(*started))
-    pending = [{"seen": (obs, tok.encode_observation(obs)), "action": [], "logprobs": []} for obs in first]
-    queues = [deque(p["seen"][1]) for p in pending]
+    seen = [(obs, tok.encode_observation(obs)) for obs in first]      # each episode's observation (text, ids),
+    actions, logprobs = [[] for _ in seeds], [[] for _ in seeds]        # the action it is sampling, its log-probs
+    queues = [deque(ids) for _, ids in seen]
 
     def act(i) -> bool:
-        """Hand episode i's finished action to the host (host_turn); returns whether the episode goes on."""
-        p = pending[i]                                                  # pos + 2 tokens so far:
-        seen = host_turn(env_list[i], gates[i], tok, cfg, episodes[i], p["seen"], p["action"], p["logprobs"], pos + 2)
-        if seen is None:
-            return False
-        pending[i] = {"seen": seen, "action": [], "logprobs": []}
-        queues[i].extend(seen[1])
-        return True
+        """Hand episode i's finished action to the host (host_turn; pos + 2 tokens so far); does the episode go on?"""
+        seen[i] = host_turn(env_list[i], gates[i], tok, cfg, episodes[i], seen[i], actions[i], logprobs[i], pos + 2)
+        actions[i], logprobs[i] = [], []
+        if seen[i] is not None:
+            queues[i].extend(seen[i][1])
+        return seen[i] is not None
     active, cache, pos = [True] * B, policy.new_cache(), 0
     nxt = [q.popleft() for q in queues]                                  # every episode starts with <obs>
     with ThreadPoolExecutor(max_workers=B) if cfg.tool_latency_ms else contextlib.nullcontext() as pool:
@@ -1205,9 +1204,9 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
                     nxt[i] = queues[i].popleft()
                 else:                                  # the policy's own token
                     nxt[i] = sampled[i]
-                    pending[i]["action"].append(sampled[i])
-                    pending[i]["logprobs"].append(sampled_lp[i])
-                    if sampled[i] == tok.eoa or len(pending[i]["action"]) == cfg.max_action_tokens:
+                    actions[i].append(sampled[i])
+                    logprobs[i].append(sampled_lp[i])
+                    if sampled[i] == tok.eoa or len(actions[i]) == cfg.max_action_tokens:
                         acting.append(i)
             for i, goes_on in zip(acting, pool.map(act, acting) if pool else map(act, acting)):
                 active[i] = goes_on
