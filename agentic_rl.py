@@ -1305,8 +1305,7 @@ def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> li
 
 
 def scripted_episode(env, gate: HostGate, ep: Episode, obs: str, act, tok: Tokenizer) -> Episode:
-    """Play a scripted actor (act: observation -> action text) through the host gate into ep, until the episode
-    ends. ep.policy_version -1 marks demonstrations (no log-probs); otherwise log-probs are placeholders 0."""
+    """Play a scripted actor (observation -> action text) through the host gate into ep; version -1: a demonstration."""
     done, version = False, ep.policy_version
     while not done:
         text = act(obs)
@@ -1323,18 +1322,16 @@ SFT_EPOCHS = {envs.FLIGHT_ID: 4, envs.CODE_ID: 8, envs.VAULT_ID: 4}  # sft_epoch
 
 
 def sft_lr_at(step: int, steps: int, peak: float) -> float:
-    """Warm-start schedule: `peak` for the first 60 % of the steps, then cosine down to 0. With a constant rate
-    the last noisy batches decide the learned probabilities, and greedy decoding flips between "always check
-    seats" and "never" (README, "Why the warm start is robust")."""
+    """`peak`, then a cosine to 0 from 60 % of the steps: at a constant rate the last noisy batches decide what is kept,
+    and greedy decoding flips between "always check seats" and "never" (README, "Why the warm start is robust")."""
     frac = step / steps
     return peak if frac < 0.6 else peak * 0.5 * (1 + math.cos(math.pi * (frac - 0.6) / 0.4))
 
 
 # --- The transformer: nanoGPT's decoder with rotary positions, a KV cache and a value head ------
 def rotary(positions, head_dim: int):
-    """RoPE angles, computed once per forward: pair i of q/k turns by pos * 10000^(-i/half), so the score q.k
-    depends on the distance between tokens. Copying "the word 6 tokens back" is then one fixed pattern wherever
-    the turn sits in the episode (a design choice for copy-heavy tool calls)."""
+    """RoPE angles, once per forward: q.k then depends on the distance between tokens, so copying "the word 6 tokens
+    back" is one fixed pattern wherever the turn sits in the episode (a design choice for copy-heavy tool calls)."""
     half = head_dim // 2
     freq = 10000.0 ** (-torch.arange(half, device=positions.device) / half)  # (hd/2,)
     angle = positions[:, None].float() * freq[None]                          # (T, hd/2)
@@ -1383,8 +1380,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """nanoGPT-style decoder: token embeddings, pre-LN blocks with rotary attention, an LM head and a
-    value head. Unlike nanoGPT the LM head is not tied to the embedding: untied, the warm start learns
+    """nanoGPT's decoder with RoPE and a value head, but an LM head untied from the embedding: so the warm start learns
     to copy a passenger name from the context sooner (README, "Why the warm start is robust")."""
 
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
@@ -1771,14 +1767,12 @@ def wilson_interval(successes: int, n: int, z: float = 1.96):
 
 
 def pass_hat_k(successes_per_task, n: int, k: int) -> float:
-    """tau-bench's pass^k: mean over tasks of C(c, k) / C(n, k), with c successes in n trials.
-    The chance that k fresh trials of a task *all* succeed; it falls with k when success is luck."""
+    """tau-bench's pass^k: the chance that k fresh trials of a task all succeed (it falls with k if success is luck)."""
     return float(np.mean([math.comb(c, k) / math.comb(n, k) for c in successes_per_task]))
 
 
 def holdout_tasks(cfg: Config, part: str, n: int) -> list:
-    """The held-out tasks, split in two by task id: `dev` (even ids) decides promotion, `test` (odd ids)
-    is only ever reported. The same n tasks, in the same order, for every policy and every run."""
+    """The first n held-out tasks of a part (dev: even ids, test: odd ones), the same for every policy and run."""
     env, ids, seed = make_env(cfg), [], cfg.eval_seed
     while len(ids) < n:
         _, info = env.reset(seed=seed, options={"split": "holdout"})
@@ -1823,8 +1817,7 @@ def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seco
 
 
 class GradMonitor:
-    """Pre-clip gradient norms and the spike rule: an update whose norm is not finite (always), or more than
-    SPIKE_FACTOR times the median of the last 50 finite norms (once 10 are known), is skipped and counted."""
+    """Pre-clip gradient norms and the spike rule (stated where optimizer_steps applies it); skipped updates counted."""
     SPIKE_FACTOR = 10.0
 
     def __init__(self):
@@ -1983,8 +1976,7 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
 
 
 def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
-    """Play an environment yourself through the same host gate the policy faces (reads stdin, so it
-    can be piped). Prints what the policy would see; type a tool call per line."""
+    """Play an environment yourself through the policy's host gate, a tool call per line (stdin, or a pipe into it)."""
     env, gate, ep, obs = start_episode(validate_config(Config(env=env_id, seed=seed)), seed, split, "play", 0, 0)
     cls = env_class(env_id)
     print(f"{env_id} task {ep.task_id} ({split}); tools: " +
@@ -2264,8 +2256,7 @@ def gates_html(summary: dict) -> str:
 
 
 def episode_html(ep: Episode, tok: Tokenizer, adv, scale: float, max_turns: int, caption: str) -> str:
-    """One episode token by token, a line per turn: context (observation, gate message) in grey, the policy's
-    own tokens boxed, on the colour of the turn's advantage; old log-prob and turns left in the tooltip."""
+    """One episode token by token, a line per turn: context grey, the policy's tokens boxed on the turn's advantage."""
     def span(i: int, cls: str = "ctx", tip: str = "", attrs: str = "", after: str = "") -> str:
         word = esc(tok.itos[i])
         return f"<span class='tok {cls}' data-id='{i}' title='{esc(tip) or word}'{attrs}>{word}{after}</span>"
@@ -2287,8 +2278,7 @@ def episode_html(ep: Episode, tok: Tokenizer, adv, scale: float, max_turns: int,
 
 
 def episodes_html(policy, tok, cfg: Config, version: int, part: str = "test") -> str:
-    """Three episodes of one held-out group, a success and a failure among them where one of the first five
-    groups has both (so the advantages differ in sign), drawn under the run's credit."""
+    """Three episodes of a held-out group, with a success and a failure if one of the first five groups has both."""
     groups = list(held_out_groups(policy, tok, cfg, version, part, 5))
     task_id, episodes, env_list, verdicts, credit = next(
         (g for g in groups if len({v.success for v in g[3]}) == 2), groups[0])
