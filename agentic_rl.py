@@ -1608,8 +1608,7 @@ class Run:
         self.store, self.grads = TrajectoryStore(cfg.max_staleness, len(self.tok)), GradMonitor()
         self.resumed, self.progress, self.seconds, self.t0 = state, progress, Counter(), time.time()
         self.history, self.warm, self.incumbent, self.version = [], {"demo_success": None}, None, 0
-        # set by sampling(): the policy wrapped in DistributedDataParallel under torchrun, the frozen warm start
-        # (dpo, --kl-coef), what the async actor reads, metrics.jsonl while open, each rank's weights hash
+        # set by sampling(): model and ref_policy (see train()), the async actor's clock, metrics.jsonl, weight hashes
         self.model = self.ref_policy = self.clock = self.log = self.hashes = None
         self.say(f"config: {json.dumps(asdict(cfg))}")
         self.say(f"policy: {sum(p.numel() for p in self.policy.parameters()):,} parameters, vocabulary {len(self.tok)}, "
@@ -2126,8 +2125,7 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
 
 
 # --- Pictures: report.html (every run), compare.html, examples --html -----------------------------
-# One self-contained page each: inline SVG and CSS, no script, nothing fetched; every drawn number also sits
-# in a data- attribute, so a test can read it back and compare it with metrics.jsonl, summary.json, compare.json.
+# Self-contained pages (inline SVG and CSS, no script): every drawn number also sits in a data- attribute, for tests.
 CSS = """body{font:15px/1.5 system-ui,sans-serif;background:#f6f7f9;color:#1d2430;max-width:1260px;margin:0 auto;
 padding:20px 28px}h1{font-size:23px;margin:4px 0}h2{font-size:18px;margin:26px 0 6px}.sub,.note{color:#556070}.grid{
 display:flex;flex-wrap:wrap;gap:12px}figure,.episode,.cell{background:#fff;border:1px solid #e1e4e8;border-radius:8px}
