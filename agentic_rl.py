@@ -1488,8 +1488,7 @@ def load_checkpoint(path, device):
 
 
 def atomic_write(path, write):
-    """Write to a temporary file beside `path`, then rename: a crash, a Ctrl-C or a full disk never
-    leaves a half-written checkpoint or summary where a good one was, nor a stray temporary file."""
+    """Write beside `path`, then rename: a crash, Ctrl-C or full disk leaves no half-written file, nor a stray one."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)  # new, never a planted link
     try:
@@ -1519,9 +1518,8 @@ def run_files(run: Path) -> dict:
 
 
 def prepare_run_dir(cfg: Config) -> Path:
-    """A run directory holds one run. The default (run_dir "") is a new one each time, numbered like TensorBoard's
-    versions (runs/flightbooking-grpo-s0, then ...-s0-2); an explicit run_dir that holds another run is refused
-    unless --overwrite, which deletes that run's files first, so a directory never mixes two runs."""
+    """One run per directory: by default a new one (runs/flightbooking-grpo-s0, then ...-s0-2, like TensorBoard's
+    versions); one holding another run is refused unless --overwrite, which deletes that run's files first."""
     stem = f"runs/{cfg.env.split('/')[-1].split('-')[0].lower()}-{cfg.algo}-s{cfg.seed}"
     numbered = (Path(stem + (f"-{n}" if n > 1 else "")) for n in range(1, 10**6))
     run = Path(cfg.run_dir) if cfg.run_dir else next(r for r in numbered if not run_files(r))
@@ -1854,8 +1852,7 @@ def log_line(it: int, m: dict) -> str:
 
 
 def report_card_rows(columns: dict) -> list:
-    """(group, key, label, each column's value as printed) per report-card line, for the terminal and report.html; a
-    label says how its outcome was measured."""
+    """(group, key, label, each column's value as printed) per report-card line, for the terminal and report.html."""
     first = next(iter(columns.values()))
     k = sum(key.startswith("pass^") for key in first)
     labels = {"success": f"success (greedy, {first['episodes']})", f"pass^{k}": f"pass^{k} ({k} sampled each)"}
@@ -1892,9 +1889,8 @@ def worked_examples() -> dict:
 
 
 def worked_group() -> list:
-    """A flight group (task 511821: the cheapest morning flight, F4, is sold out; F1 has seats): four
-    episodes share `search` and `filter`, then check seats or book blind. Per turn: the action and its
-    advantage under grpo and under stepgroup (gamma 1), computed by advantages_for as in training."""
+    """A flight group (task 511821: F4, the cheapest morning flight, is sold out; F1 has seats): four episodes share
+    `search` and `filter`, then check seats or book blind. Per turn: action, advantage under grpo, under stepgroup."""
     cfg, tok = Config(injection_rate=0.0), make_tokenizer(envs.FLIGHT_ID)
     tails = (["seats F4", "seats F1", "book F1 chen business"], ["book F4 chen business"],
              ["seats F4", "book F4 chen business"])
@@ -1992,8 +1988,7 @@ def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
 
 
 def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool = True) -> dict:
-    """Every route on the same tasks: per seed one warm start, reused by every route; each route then gets the
-    same episode budget and is judged on the same held-out test tasks. Writes OUT/compare.json and compare.html."""
+    """Every route from one warm start per seed, the same episode budget, judged on the same held-out test tasks."""
     device, runs = resolve_device(cfg.device), {"warm start": []} | {a: [] for a in algos}  # (seed, report, s, history)
     writable_dir(out, "--out")
     for seed in seeds:
