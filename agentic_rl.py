@@ -1539,7 +1539,7 @@ def prepare_run_dir(cfg: Config) -> Path:
 
 def save_run_state(run: "Run"):
     """state.pt after every iteration: all a resumed run needs to continue exactly (weights_only-safe)."""
-    np_state = np.random.get_state()  # its key array as a list (set_rng_state turns it back)
+    np_state = np.random.get_state()  # its key array as a list (Run.sampling turns it back)
     rng = {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
            "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
     atomic_write(run.dir / "state.pt", lambda f: torch.save({
@@ -1547,14 +1547,6 @@ def save_run_state(run: "Run"):
         "optimizer": run.optimizer.state_dict(), "history": run.history, "incumbent": run.incumbent, "warm": run.warm,
         "version": run.version, "grad_norms": list(run.grads.norms), "skipped_updates": run.grads.skipped,
         "seen_ids": sorted(run.store.seen_ids), "rng": rng}, f))
-
-
-def set_rng_state(state: dict):
-    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
-    np.random.set_state((state["numpy"][0], np.array(state["numpy"][1], dtype=np.uint32), *state["numpy"][2:]))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def load_run_state(run_dir: str) -> tuple:
@@ -1652,8 +1644,13 @@ class Run:
         if cfg.kl_coef > 0 or cfg.algo == "dpo":  # the frozen reference is the warm start, also after a resume
             self.ref_policy = (load_checkpoint(self.dir / "incumbent.pt", self.device)[0] if self.resumed
                                else copy.deepcopy(self.policy)).eval()
-        if self.resumed:
-            set_rng_state(self.resumed["rng"])  # last, so that building anything above draws nothing from it
+        if self.resumed:  # its random state (as save_run_state wrote it) last: building the above draws nothing from it
+            rng = self.resumed["rng"]
+            random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
+            np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
+            torch.set_rng_state(rng["torch"])
+            if rng["cuda"]:
+                torch.cuda.set_rng_state_all(rng["cuda"])
         self.clock = {"weights": {}, "cond": threading.Condition(), "stop": False}
         actor = async_batches(self.policy, self.tok, cfg, len(self.history), self.clock, self.rank) \
             if cfg.async_rollout else None
