@@ -1891,10 +1891,9 @@ def worked_group() -> list:
     cfg, tok = Config(injection_rate=0.0), make_tokenizer(envs.FLIGHT_ID)
     tails = (["seats F4", "seats F1", "book F1 chen business"], ["book F4 chen business"],
              ["seats F4", "book F4 chen business"])
-    episodes = []
-    for i, plan in enumerate(["search PAR ATH", "filter morning"] + tails[j] for j in (0, 1, 2, 0)):  # 0 and 3 alike
-        env, gate, ep, obs = start_episode(cfg, 0, "train", f"worked-{i}", 0, 0, task_id=511821)
-        episodes.append(scripted_episode(env, gate, ep, obs, lambda _obs, plan=iter(plan): next(plan), tok))
+    plans = (["search PAR ATH", "filter morning"] + tails[j] for j in (0, 1, 2, 0))  # episodes 0 and 3 alike
+    episodes = [scripted_episode(*start_episode(cfg, 0, "train", f"worked-{i}", 0, 0, task_id=511821),
+                                 lambda _obs, plan=iter(plan): next(plan), tok) for i, plan in enumerate(plans)]
     batch = pack(episodes, tok, cfg.block_size)
     credit = {algo: advantages_for(batch, episodes, None, replace(cfg, algo=algo))[0] for algo in ("grpo", "stepgroup")}
     return [[(t.action_text, round(float(credit["grpo"][b, k]), 3), round(float(credit["stepgroup"][b, k]), 3))
