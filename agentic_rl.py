@@ -540,8 +540,7 @@ def step_credit(episodes, cfg: Config) -> torch.Tensor:
 def critic_credit(batch, episodes, policy, cfg: Config) -> tuple:
     """gae, and reinforce (lam = 1: A_k = G_k - V(s_k)): per-turn GAE advantages from V(s_k) read at each turn's <act>
     (after the last turn: should_bootstrap). -> advantages (B, K), batch-normalised; value targets A + V (B, K);
-    explained variance 1 - Var[target - V] / Var[target] on real turns (CleanRL's critic health: <= 0 explains
-    nothing)."""
+    explained variance 1 - Var[target - V] / Var[target] on real turns (CleanRL's critic health: <= 0 explains none)."""
     with torch.no_grad():
         _, values = policy(batch["tokens"])                                  # (B, T)
     values, decision_pos, last_pos = values.float().cpu(), batch["decision_pos"].cpu(), batch["last_pos"].cpu()
