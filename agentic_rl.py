@@ -1588,6 +1588,7 @@ class Run:
             cfg = replace(saved, resume=cfg.resume, run_dir=cfg.resume)
         self.rank, self.world, self.device = init_distributed(cfg)
         self.lead = self.rank == 0  # rank 0 alone prints and writes the run's files
+        self.say = print if self.lead else lambda *args: None
         seed_everything(cfg.seed)
         self.dir = prepare_run_dir(cfg) if self.lead and not state else Path(cfg.run_dir)
         self.cfg = cfg = replace(cfg, run_dir=str(self.dir)) if self.lead else cfg
@@ -1610,10 +1611,6 @@ class Run:
             self.grads.norms.extend(state["grad_norms"])
             self.grads.skipped, self.store.seen_ids = state["skipped_updates"], set(state["seen_ids"])
             self.say(f"resumed {cfg.run_dir} after iteration {len(self.history) - 1} (policy_version {self.version})")
-
-    def say(self, *args):
-        if self.lead:
-            print(*args)
 
     def report_cards(self, name: str) -> dict | None:
         """Evaluate the policy on dev and test (rank 0) and keep it as NAME.pt."""
