@@ -1911,8 +1911,7 @@ def print_examples(html_path: str | None = None):
 
 
 def held_out_groups(policy, tok, cfg: Config, version: int, part: str, n_groups: int):
-    """Training-style groups on held-out tasks (sampled, from a generator of their own), each with the learner's
-    advantages (None: rs_sft, dpo). Yields (task_id, episodes, envs, verdicts, advantages (B, K))."""
+    """Training-style groups on held-out tasks (sampled with a generator of their own) and the learner's advantages."""
     own = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed)
     for group, task_id in enumerate(holdout_tasks(cfg, part, n_groups)):
         episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * cfg.group_size, "holdout", greedy=False,
