@@ -1875,10 +1875,9 @@ def worked_examples() -> dict:
                      {}, 0.0, 0.0, False, False, False) for _ in range(4)]  # 4 x (30 observation + 15 action tokens)
     batch = pack([ep], tok, block_size=180)
     return {"mask_tokens": int(batch["tokens"].shape[1]), "mask_sum": int(batch["action_mask"].sum()),
-            "mask": batch["action_mask"][0].int().tolist(),
+            "mask": batch["action_mask"][0].int().tolist(), "step_credit": worked_group(),
             "returns": [round(x, 6) for x in discounted_returns([0, 0, 0, 1], gamma=0.9).tolist()],
-            "grpo_advantages": [round(x, 6) for x in group_advantages([1, 0, 0, 1]).tolist()],
-            "step_credit": worked_group()}
+            "grpo_advantages": [round(x, 6) for x in group_advantages([1, 0, 0, 1]).tolist()]}
 
 
 def worked_group() -> list:
