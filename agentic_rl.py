@@ -327,7 +327,6 @@ def play_episode(policy, tok: Tokenizer, cfg: Config, seed: int, split: str, gre
     return ep, env
 
 
-
 def start_episode(cfg: Config, seed: int, split: str, episode_id: str, policy_version: int, group_id: int,
                   task_id=None) -> tuple:
     """env.reset -> (env, its HostGate, an empty Episode record, the first observation). make_env (Part II) builds
@@ -357,6 +356,7 @@ def host_turn(env, gate, tok: Tokenizer, cfg: Config, ep: Episode, seen: tuple, 
         ep.final_obs_tokens = obs_ids                          # context after the last action (V(s_K) is read here)
         return None
     return obs, obs_ids
+
 
 # ================================================================================================
 # 02 · Gradient masks
