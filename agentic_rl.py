@@ -1717,6 +1717,7 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     print(f"promotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to the incumbent'} ({reason})")
     run.seconds["total"] = time.time() - run.t0
     deployed, staleness = candidate if promoted else incumbent, Counter(m["staleness_max"] for m in history)
+    successes = lambda cards: {"dev_success": cards["dev"]["success"], "test_success": cards["test"]["success"]}
     summary = {"env": cfg.env, "algo": cfg.algo, "seed": cfg.seed, "device": str(run.device),
                "threads": torch.get_num_threads(), "world_size": run.world, "wall_seconds": round(run.seconds["total"], 1),
                "phase_seconds": {k: round(v, 1) for k, v in run.seconds.items()},
@@ -1726,12 +1727,10 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
                "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
                "refused_stale": sum(m["refused_stale"] for m in history), "skipped_updates": run.grads.skipped,
                "eval_episodes": cfg.eval_episodes, "demonstrator_success": run.warm["demo_success"],
-               "warm_start": {"dev_success": incumbent["dev"]["success"], "test_success": incumbent["test"]["success"]},
-               "candidate": {"dev_success": candidate["dev"]["success"], "test_success": candidate["test"]["success"]},
+               "warm_start": successes(incumbent), "candidate": successes(candidate),
                "promoted": promoted, "promotion_reason": reason, "release_gates": gates,
                "deployed": {"checkpoint": str(run.dir / "final.pt"), "is": "candidate" if promoted else "incumbent",
-                            "dev_success": deployed["dev"]["success"], "test_success": deployed["test"]["success"]},
-               "first_iteration": history[0] if history else None,
+                            **successes(deployed)}, "first_iteration": history[0] if history else None,
                "train_success_curve": [round(m["success"], 4) for m in history],
                "zero_std_group_fraction": (round(sum(m["zero_std_groups"] for m in history) /
                                                  (len(history) * cfg.tasks_per_iter * run.world), 4)
