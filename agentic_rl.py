@@ -1782,10 +1782,9 @@ def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seco
     categories = {c: [v.success for v in verdicts if v.category == c] for c in sorted({v.category for v in verdicts})}
     tokens, calls = sum(len(t.action_tokens) for t in turns), sum(t.gate_allowed for t in turns)
     credits, solved = sum(t.cost for t in turns), sum(success)
-    lo, hi = wilson_interval(solved, n)
     per_success = lambda total: round(total / solved, 3) if solved else None
-    return {"part": part, "episodes": n, "success": solved / n, "ci95": [round(lo, 4), round(hi, 4)],
-            "task_ids": task_ids, "per_task": success,
+    return {"part": part, "episodes": n, "success": solved / n,
+            "ci95": [round(x, 4) for x in wilson_interval(solved, n)], "task_ids": task_ids, "per_task": success,
             "categories": {c: {"tasks": len(x), "success": round(float(np.mean(x)), 4)} for c, x in categories.items()},
             "evaluator_agrees_with_reward": float(np.mean([s == (ep.reward >= 1) for s, ep in zip(success, episodes)])),
             "mean_turns": float(np.mean([len(ep.turns) for ep in episodes])),
