@@ -2028,10 +2028,6 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
     return result
 
 
-PEERS = {"TRL 1.16 GRPOTrainer, reference unit, this 2-core CPU": "73 ms/step (61 ms without gradient checkpointing)",
-         "Hugging Face generate, this 2-core CPU": "18.5k generated tokens/s"}
-
-
 def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> dict:
     """Speed and memory figures, printed and written to OUT/bench.json; timed here, never in tests. rollout:
     the same greedy batch decoded with the KV cache and by full recompute; learner: PPO steps on packed
@@ -2084,6 +2080,9 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
                        "tokens_per_step": int(tokens.numel()), "ms_per_step": round(1000 * t_learn, 2)}
     t_learn = views["concat"]["ms_per_step"] / 1000
     unit = GPT(146, 64, n_layer=2, n_head=4, n_embd=72).to(dev)  # the sizes the peer figures were measured at
+    peers = {"TRL 1.16 GRPOTrainer, reference unit, this 2-core CPU":
+             "73 ms/step (61 ms without gradient checkpointing)",
+             "Hugging Face generate, this 2-core CPU": "18.5k generated tokens/s"}
     unit_opt, unit_tokens = torch.optim.AdamW(unit.parameters(), lr=1e-4), torch.randint(0, 146, (64, 46), device=dev)
     _, t_unit = timed(lambda: learner_step(unit, unit_opt, unit_tokens), reps)
     report = {"device": str(dev), "threads": torch.get_num_threads(), "quick": quick,
@@ -2093,7 +2092,7 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
               "learner": {**views["concat"], "tokens_per_s": round(views["concat"]["tokens_per_step"] / t_learn)},
               "views": views,
               "reference_unit": {"parameters": sum(p.numel() for p in unit.parameters()), "shape": [64, 46],
-                                 "ms_per_step": round(1000 * t_unit, 2), "peers": PEERS},
+                                 "ms_per_step": round(1000 * t_unit, 2), "peers": peers},
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
               "cuda_max_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev.type == "cuda" else None}
     atomic_write(Path(out) / "bench.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
