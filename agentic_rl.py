@@ -1170,9 +1170,8 @@ def seed_everything(seed: int):
 @torch.no_grad()
 def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool, policy_version: int,
             iteration: int = 0, group_ids=None, task_ids=None, rank: int = 0, generator=None):
-    """play_episode for len(seeds) episodes at once (of task_ids, or of tasks drawn from the seeds) -> (episodes, envs).
-    All advance a token per step in lockstep with a KV cache: each position is a forced context token or a sampled one;
-    actions that end at the same step go to their tools together (concurrently when tools take time)."""
+    """play_episode for len(seeds) episodes (of task_ids, or drawn from the seeds) at once -> (episodes, envs): one
+    token per step in lockstep with a KV cache, context forced, actions sampled, tools called together."""
     device, B = next(policy.parameters()).device, len(seeds)
     started = [start_episode(cfg, s, split, f"{split}-v{policy_version}-i{iteration}-r{rank}-e{i}", policy_version,
                              i if group_ids is None else group_ids[i], None if task_ids is None else task_ids[i])
@@ -2029,9 +2028,8 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
 
 
 def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> dict:
-    """Speed and memory figures, printed and written to OUT/bench.json; timed here, never in tests. rollout:
-    the same greedy batch decoded with the KV cache and by full recompute; learner: PPO steps on packed
-    episodes; the reference unit the peers were measured on: 64 x 46 tokens, ~147k parameters, one AdamW step."""
+    """Speed and memory, printed and in OUT/bench.json (timed here, never in tests): decoding with the KV cache and by
+    full recompute, PPO steps on packed episodes, and the reference unit the peers were measured on."""
     import resource
     dev, reps = resolve_device(device), 3 if quick else 20
     writable_dir(out, "--out")  # fail now, not after a minute of timing
