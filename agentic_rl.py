@@ -1633,10 +1633,9 @@ class Run:
         """The seam between train()'s loop and the system: the DDP wrapper, the frozen reference, a resumed run's
         random state, metrics.jsonl; yields the async actor (async_batches) or None. On the way out the actor
         is joined, a Ctrl-C says how to resume, and torchrun's replicas must end with equal weights."""
-        cfg = self.cfg
         self.model = torch.nn.parallel.DistributedDataParallel(self.policy, find_unused_parameters=True) \
             if self.world > 1 else self.policy
-        if cfg.kl_coef > 0 or cfg.algo == "dpo":  # the frozen reference is the warm start, also after a resume
+        if self.cfg.kl_coef > 0 or self.cfg.algo == "dpo":  # the frozen reference: the warm start, after a resume too
             self.ref_policy = (load_checkpoint(self.dir / "incumbent.pt", self.device)[0] if self.resumed
                                else copy.deepcopy(self.policy)).eval()
         if self.resumed:  # its random state (as save_run_state wrote it) last: building the above draws nothing from it
@@ -1647,15 +1646,15 @@ class Run:
             if rng["cuda"]:
                 torch.cuda.set_rng_state_all(rng["cuda"])
         self.clock = {"weights": {}, "cond": threading.Condition(), "stop": False}
-        actor = async_batches(self.policy, self.tok, cfg, len(self.history), self.clock, self.rank) \
-            if cfg.async_rollout else None
+        actor = async_batches(self.policy, self.tok, self.cfg, len(self.history), self.clock, self.rank) \
+            if self.cfg.async_rollout else None
         t_rl = time.time()
         try:
             with open(self.dir / "metrics.jsonl" if self.lead else os.devnull, "w") as self.log:
                 self.log.writelines(json.dumps(m) + "\n" for m in self.history)  # a resumed run rewrites its own
                 yield actor
         except KeyboardInterrupt:
-            self.say(f"\ninterrupted after {len(self.history)} iterations" + ("" if cfg.async_rollout else
+            self.say(f"\ninterrupted after {len(self.history)} iterations" + ("" if self.cfg.async_rollout else
                      f"; continue with: python agentic_rl.py train --resume {self.dir}"))
             raise
         finally:
