@@ -2122,8 +2122,7 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#1
 
 
 def esc(x, fmt: str = "") -> str:
-    """x as page text, escaped for attributes too, a float by fmt: every value a page did not compute goes through here,
-    numbers included (a file's "number" may be markup), but a chart's coordinates (line_chart computes with them)."""
+    """x escaped as page text, attributes too (a float by fmt): any value the page did not compute, numbers included."""
     return html.escape(format(x, fmt) if isinstance(x, float) else str(x), quote=True)
 
 
