@@ -1643,8 +1643,7 @@ class Run:
             random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
             np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
             torch.set_rng_state(rng["torch"])
-            if rng["cuda"]:
-                torch.cuda.set_rng_state_all(rng["cuda"])
+            torch.cuda.set_rng_state_all(rng["cuda"])  # one state per GPU: none saved without CUDA
         self.clock = {"weights": {}, "cond": threading.Condition(), "stop": False}
         actor = async_batches(self.policy, self.tok, self.cfg, len(self.history), self.clock, self.rank) \
             if self.cfg.async_rollout else None
