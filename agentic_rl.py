@@ -1337,8 +1337,7 @@ def rotary(positions, head_dim: int):
 
 
 def rotate(x, cos, sin):
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
+    x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)     # (B, H, T, hd)
 
 
