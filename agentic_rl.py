@@ -1943,8 +1943,7 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
             print(f"  obs  {' '.join(tok.itos[i] for i in turn.obs_tokens)}")
             print(f"  act  {' '.join(f'[{tok.itos[i]}]' for i in turn.action_tokens):<48} gate {turn.gate_reason:<15} "
                   f"reward {turn.reward:.1f}  {adv}")
-        if ep.final_obs_tokens:
-            print(f"  obs  {' '.join(tok.itos[i] for i in ep.final_obs_tokens)}")
+        print(f"  obs  {' '.join(tok.itos[i] for i in ep.final_obs_tokens)}")  # what came after the last action
     if html_path is not None:
         run = Path(ckpt).parent
         history = [json.loads(line) for line in open(run / "metrics.jsonl")] if (run / "metrics.jsonl").exists() else None
