@@ -1806,12 +1806,11 @@ class GradMonitor:
         self.norms, self.skipped = deque(maxlen=50), 0
 
     def allows(self, norm: float) -> bool:
-        spike = not math.isfinite(norm) or (len(self.norms) >= 10 and norm > self.SPIKE_FACTOR * float(np.median(self.norms)))
-        if spike:
-            self.skipped += 1
-        else:
-            self.norms.append(norm)
-        return not spike
+        if not math.isfinite(norm) or (len(self.norms) >= 10 and norm > self.SPIKE_FACTOR * np.median(self.norms)):
+            self.skipped += 1  # a spike: skipped, and kept out of the median
+            return False
+        self.norms.append(norm)
+        return True
 
 
 def batch_monitors(episodes, cfg: Config) -> dict:
