@@ -327,7 +327,6 @@ def play_episode(policy, tok: Tokenizer, cfg: Config, seed: int, split: str, gre
     return ep, env
 
 
-
 def start_episode(cfg: Config, seed: int, split: str, episode_id: str, policy_version: int, group_id: int,
                   task_id=None) -> tuple:
     """env.reset -> (env, its HostGate, an empty Episode record, the first observation). make_env (Part II) builds
@@ -357,6 +356,7 @@ def host_turn(env, gate, tok: Tokenizer, cfg: Config, ep: Episode, seen: tuple, 
         ep.final_obs_tokens = obs_ids                          # context after the last action (V(s_K) is read here)
         return None
     return obs, obs_ids
+
 
 # ================================================================================================
 # 02 · Gradient masks
@@ -540,8 +540,7 @@ def step_credit(episodes, cfg: Config) -> torch.Tensor:
 def critic_credit(batch, episodes, policy, cfg: Config) -> tuple:
     """gae, and reinforce (lam = 1: A_k = G_k - V(s_k)): per-turn GAE advantages from V(s_k) read at each turn's <act>
     (after the last turn: should_bootstrap). -> advantages (B, K), batch-normalised; value targets A + V (B, K);
-    explained variance 1 - Var[target - V] / Var[target] on real turns (CleanRL's critic health: <= 0 explains
-    nothing)."""
+    explained variance 1 - Var[target - V] / Var[target] on real turns (CleanRL's critic health: <= 0 explains none)."""
     with torch.no_grad():
         _, values = policy(batch["tokens"])                                  # (B, T)
     values, decision_pos, last_pos = values.float().cpu(), batch["decision_pos"].cpu(), batch["last_pos"].cpu()
@@ -629,8 +628,6 @@ def sft_loss(logprobs, mask) -> torch.Tensor:
 # ================================================================================================
 # 05 · Training system: the trajectory store, the warm start, the learner, the rollout of a batch
 # ================================================================================================
-
-
 REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split", "policy_version")
 
 
@@ -707,6 +704,13 @@ class TrajectoryStore:
         return out
 
 
+def sft_step(policy, batch, idx) -> tuple:
+    """One supervised minibatch (the warm start's, rs_sft's): sft_loss on its action tokens, and their mean entropy."""
+    tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
+    logprobs, entropy = token_logprobs(policy(tokens)[0], tokens)
+    return sft_loss(logprobs, mask), {"entropy": float((entropy.detach() * mask).sum() / mask.sum())}
+
+
 def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     """Supervised fine-tuning on the demonstrator: imitation copies its habits, good and bad."""
     if cfg.warm_start_episodes == 0:
@@ -726,9 +730,7 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     for idx in tqdm(batches, total=steps, desc="warm start (SFT)", disable=not progress, leave=False):
         for group in opt.param_groups:
             group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)  # constant, then a cosine to 0 (Part II)
-        tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
-        logprobs, _ = token_logprobs(policy(tokens)[0], tokens)
-        loss = sft_loss(logprobs, mask)
+        loss, _ = sft_step(policy, batch, idx)
         opt.zero_grad()
         loss.backward()  # no gradient clipping here: clipping at 1.0 delayed learning to copy (README)
         opt.step()
@@ -961,12 +963,7 @@ def other_route(policy, optimizer, ref_policy, tok, cfg: Config, grads: GradMoni
         route["kept"] = len(kept)
         if kept:
             sft = {k: v.to(device) for k, v in pack(kept, tok, cfg.block_size).items()}
-
-            def sft_step(idx):
-                tokens, mask = trim(sft["tokens"][idx], sft["action_mask"][idx])
-                logprobs, entropy = token_logprobs(policy(tokens)[0], tokens)
-                return sft_loss(logprobs, mask), {"entropy": float((entropy.detach() * mask).sum() / mask.sum())}
-            stats = optimizer_steps(policy, optimizer, grads, cfg, len(kept), sft_step)
+            stats = optimizer_steps(policy, optimizer, grads, cfg, len(kept), functools.partial(sft_step, policy, sft))
         return stats
     chosen, rejected, without = dpo_pairs(admitted)
     route.update(dpo_pairs=len(chosen), groups_without_pair=without)
@@ -1021,9 +1018,7 @@ def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
 
 # ################################################################################################
 # PART II · THE SYSTEM
-# What train() leans on, and a first reading can skip: checks, environments and seeds, the batched rollout,
-# devices, torchrun and the async actor, the demonstrator's episodes, the transformer, checkpoints, run
-# directories and resume, the Run record, the report card and monitors (§05 and §07 in practice).
+# What train() leans on (§05 and §07 in practice), and a first reading can skip; its sections are named below.
 # ################################################################################################
 # --- Checks on settings, inputs and records -----------------------------------------------------
 CHOICES = {"env": envs.ENV_IDS, "algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_std": ("population", "unbiased", "none"),
@@ -1119,8 +1114,7 @@ def _same_shape(**tensors):
 
 
 def malformed(ep, vocab_size: int):
-    """The store's low-level refusals, before the ones that teach (TrajectoryStore.add): an Episode of
-    Turns with ints for versions and token ids (in the vocabulary) and finite, possible numbers."""
+    """The store's low-level refusals (types, token ids, finite and possible numbers), before the ones that teach."""
     name = getattr(ep, "episode_id", "?")
     if not isinstance(ep, Episode) or not isinstance(name, str):
         raise ValueError(f"episode {name!r}: an Episode with a str episode_id is needed")
@@ -1155,8 +1149,7 @@ def env_class(env_id: str):
 
 
 def make_env(cfg: Config):
-    """The task as configured. A time_limit is a cut from outside the task (gymnasium's TimeLimit wrapper,
-    which the policy cannot see), unlike the task's own budget (max_turns, shown unless --hide-clock)."""
+    """The task as configured; a time_limit wraps it in gymnasium's TimeLimit: a cut from outside the task (CUTS)."""
     kwargs = {"injection_rate": cfg.injection_rate, "legs": cfg.legs} if cfg.env == envs.FLIGHT_ID else {}
     kwargs.update({"verifier": cfg.code_verifier, "max_bugs": cfg.code_bugs} if cfg.env == envs.CODE_ID else {})
     kwargs.update({"max_turns": cfg.max_turns} if cfg.max_turns else {})
@@ -1177,28 +1170,24 @@ def seed_everything(seed: int):
 @torch.no_grad()
 def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool, policy_version: int,
             iteration: int = 0, group_ids=None, task_ids=None, rank: int = 0, generator=None):
-    """play_episode for len(seeds) episodes at once (of the given task_ids, or of tasks drawn from each seed);
-    returns (episodes, envs) so evaluators can read the final states. All episodes advance one token per step in
-    lockstep, with a KV cache (policy(new_tokens, cache, pos) continues from policy.new_cache()): each position is a
-    forced context token (prompt / observation) or one the policy samples. Actions that finish at the same step go
-    to their tools together (concurrently when tools take time, tool_latency_ms), like a real host's."""
+    """play_episode for len(seeds) episodes (of task_ids, or drawn from the seeds) at once -> (episodes, envs): one
+    token per step in lockstep with a KV cache, context forced, actions sampled, tools called together."""
     device, B = next(policy.parameters()).device, len(seeds)
     started = [start_episode(cfg, s, split, f"{split}-v{policy_version}-i{iteration}-r{rank}-e{i}", policy_version,
                              i if group_ids is None else group_ids[i], None if task_ids is None else task_ids[i])
                for i, s in enumerate(seeds)]
     env_list, gates, episodes, first = (list(x) for x in zip(*started))
-    pending = [{"seen": (obs, tok.encode_observation(obs)), "action": [], "logprobs": []} for obs in first]
-    queues = [deque(p["seen"][1]) for p in pending]
+    seen = [(obs, tok.encode_observation(obs)) for obs in first]      # each episode's observation (text, ids),
+    actions, logprobs = [[] for _ in seeds], [[] for _ in seeds]        # the action it is sampling, its log-probs
+    queues = [deque(ids) for _, ids in seen]
 
     def act(i) -> bool:
-        """Hand episode i's finished action to the host (host_turn); returns whether the episode goes on."""
-        p = pending[i]                                                  # pos + 2 tokens so far:
-        seen = host_turn(env_list[i], gates[i], tok, cfg, episodes[i], p["seen"], p["action"], p["logprobs"], pos + 2)
-        if seen is None:
-            return False
-        pending[i] = {"seen": seen, "action": [], "logprobs": []}
-        queues[i].extend(seen[1])
-        return True
+        """Hand episode i's finished action to the host (host_turn; pos + 2 tokens so far); does the episode go on?"""
+        seen[i] = host_turn(env_list[i], gates[i], tok, cfg, episodes[i], seen[i], actions[i], logprobs[i], pos + 2)
+        actions[i], logprobs[i] = [], []
+        if seen[i] is not None:
+            queues[i].extend(seen[i][1])
+        return seen[i] is not None
     active, cache, pos = [True] * B, policy.new_cache(), 0
     nxt = [q.popleft() for q in queues]                                  # every episode starts with <obs>
     with ThreadPoolExecutor(max_workers=B) if cfg.tool_latency_ms else contextlib.nullcontext() as pool:
@@ -1213,9 +1202,9 @@ def rollout(policy, tok: Tokenizer, cfg: Config, seeds, split: str, greedy: bool
                     nxt[i] = queues[i].popleft()
                 else:                                  # the policy's own token
                     nxt[i] = sampled[i]
-                    pending[i]["action"].append(sampled[i])
-                    pending[i]["logprobs"].append(sampled_lp[i])
-                    if sampled[i] == tok.eoa or len(pending[i]["action"]) == cfg.max_action_tokens:
+                    actions[i].append(sampled[i])
+                    logprobs[i].append(sampled_lp[i])
+                    if sampled[i] == tok.eoa or len(actions[i]) == cfg.max_action_tokens:
                         acting.append(i)
             for i, goes_on in zip(acting, pool.map(act, acting) if pool else map(act, acting)):
                 active[i] = goes_on
@@ -1252,11 +1241,10 @@ def init_distributed(cfg: Config):
 
 
 def async_batches(policy, tok, cfg: Config, start: int, clock: dict, rank: int):
-    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy version it - 1 while
-    the learner trains on batch it - 1 (a queue of one batch between them): staleness 1 from the second batch
-    on, still checked by the store; the actor's own random generator keeps the run reproducible. Threads
-    suffice: torch's kernels and a waiting tool call release the GIL (tool_latency_ms). When the learner
-    stops (the end, an error, Ctrl-C), the actor is stopped and joined before anything exits."""
+    """Asynchronous rollout: an actor thread samples batch `it` with a snapshot of policy it - 1 while the learner
+    trains on batch it - 1 (a queue of one batch between them): staleness 1 from the second batch on, still checked by
+    the store; its own random generator keeps the run reproducible. Threads suffice: torch's kernels and a waiting tool
+    call release the GIL. When the learner stops (the end, an error, Ctrl-C), the actor is stopped and joined."""
     publish(policy, clock, start)  # the first batch is sampled by the start version itself
     actor, out = copy.deepcopy(policy).eval(), queue.Queue(maxsize=1)
     generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed * 7919 + rank)
@@ -1304,8 +1292,7 @@ def publish(policy, clock: dict, version: int):
 
 # --- The demonstrator's episodes: the warm start's data, recorded through the host gate ---------
 def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> list:
-    """Scripted demonstrator episodes on the train split, through the same host gate. SFT data is a
-    separate recipe: these are not policy samples, so they carry no log-probs and never enter the store."""
+    """The scripted demonstrator's episodes on the train split, through the host gate: SFT data, not policy samples."""
     demo, out = env_class(cfg.env).Demonstrator(cfg.demo_habit, seed=seed), []
     recorded = replace(cfg, tool_latency_ms=0.0, time_limit=0)  # recorded data: no waits, no outside cut
     for i in range(n):
@@ -1316,8 +1303,7 @@ def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> li
 
 
 def scripted_episode(env, gate: HostGate, ep: Episode, obs: str, act, tok: Tokenizer) -> Episode:
-    """Play a scripted actor (act: observation -> action text) through the host gate into ep, until the episode
-    ends. ep.policy_version -1 marks demonstrations (no log-probs); otherwise log-probs are placeholders 0."""
+    """Play a scripted actor (observation -> action text) through the host gate into ep; version -1: a demonstration."""
     done, version = False, ep.policy_version
     while not done:
         text = act(obs)
@@ -1334,18 +1320,16 @@ SFT_EPOCHS = {envs.FLIGHT_ID: 4, envs.CODE_ID: 8, envs.VAULT_ID: 4}  # sft_epoch
 
 
 def sft_lr_at(step: int, steps: int, peak: float) -> float:
-    """Warm-start schedule: `peak` for the first 60 % of the steps, then cosine down to 0. With a constant rate
-    the last noisy batches decide the learned probabilities, and greedy decoding flips between "always check
-    seats" and "never" (README, "Why the warm start is robust")."""
+    """`peak`, then a cosine to 0 from 60 % of the steps: at a constant rate the last noisy batches decide what is kept,
+    and greedy decoding flips between "always check seats" and "never" (README, "Why the warm start is robust")."""
     frac = step / steps
     return peak if frac < 0.6 else peak * 0.5 * (1 + math.cos(math.pi * (frac - 0.6) / 0.4))
 
 
 # --- The transformer: nanoGPT's decoder with rotary positions, a KV cache and a value head ------
 def rotary(positions, head_dim: int):
-    """RoPE angles, computed once per forward: pair i of q/k turns by pos * 10000^(-i/half), so the score q.k
-    depends on the distance between tokens. Copying "the word 6 tokens back" is then one fixed pattern wherever
-    the turn sits in the episode (a design choice for copy-heavy tool calls)."""
+    """RoPE angles, once per forward: q.k then depends on the distance between tokens, so copying "the word 6 tokens
+    back" is one fixed pattern wherever the turn sits in the episode (a design choice for copy-heavy tool calls)."""
     half = head_dim // 2
     freq = 10000.0 ** (-torch.arange(half, device=positions.device) / half)  # (hd/2,)
     angle = positions[:, None].float() * freq[None]                          # (T, hd/2)
@@ -1353,8 +1337,7 @@ def rotary(positions, head_dim: int):
 
 
 def rotate(x, cos, sin):
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
+    x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)     # (B, H, T, hd)
 
 
@@ -1394,8 +1377,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """nanoGPT-style decoder: token embeddings, pre-LN blocks with rotary attention, an LM head and a
-    value head. Unlike nanoGPT the LM head is not tied to the embedding: untied, the warm start learns
+    """nanoGPT's decoder with RoPE and a value head, but an LM head untied from the embedding: so the warm start learns
     to copy a passenger name from the context sooner (README, "Why the warm start is robust")."""
 
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
@@ -1434,11 +1416,13 @@ def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
 
 # --- Checkpoints, run directories and resume ----------------------------------------------------
 CHECKPOINT_FORMAT = "agentic-rl-checkpoint-2"
+RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt", "report.html")
+STATE_KEYS = ("config", "model", "optimizer", "history", "incumbent", "warm", "version", "grad_norms",
+              "skipped_updates", "seen_ids", "rng")
 
 
 def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
-    """Only tensors, numbers, strings, lists and dicts, so it loads with weights_only=True (no pickled
-    code); with the format, environment and vocabulary that a loader checks. Written atomically."""
+    """Tensors, numbers, strings, lists and dicts only (it loads with weights_only=True), with what a loader checks."""
     cls = env_class(cfg.env)
     atomic_write(path, lambda f: torch.save({
         "format": CHECKPOINT_FORMAT, "env_id": cfg.env, "env_version": cls.env_version,
@@ -1480,8 +1464,7 @@ def load_policy_weights(policy, weights, what: str):
 
 
 def load_checkpoint(path, device):
-    """Refuses, with the reason, anything it cannot trust: a pickled payload, another format, an environment
-    or vocabulary this version does not have, weights that do not match the config or are not finite."""
+    """-> (policy, tok, cfg, policy_version); refuses, with the reason, anything it cannot trust (the checks below)."""
     what = f"--ckpt {path}"
     ckpt = load_trusted(path, what, "no such file; train first (python agentic_rl.py train)")
     cfg = saved_config(ckpt, what)
@@ -1502,8 +1485,7 @@ def load_checkpoint(path, device):
 
 
 def atomic_write(path, write):
-    """Write to a temporary file beside `path`, then rename: a crash, a Ctrl-C or a full disk never
-    leaves a half-written checkpoint or summary where a good one was, nor a stray temporary file."""
+    """Write beside `path`, then rename: a crash, Ctrl-C or full disk leaves no half-written file, nor a stray one."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)  # new, never a planted link
     try:
@@ -1526,9 +1508,6 @@ def writable_dir(path, flag: str) -> Path:
     return Path(path)
 
 
-RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt", "report.html")
-
-
 def run_files(run: Path) -> dict:
     """The RUN_FILES that `run` holds -> their paths, with what an interrupted atomic_write left (NAME.*.tmp)."""
     found = {name: [p for p in [run / name, *run.glob(f"{name}.*tmp")] if p.exists()] for name in RUN_FILES}
@@ -1536,9 +1515,8 @@ def run_files(run: Path) -> dict:
 
 
 def prepare_run_dir(cfg: Config) -> Path:
-    """A run directory holds one run. The default (run_dir "") is a new one each time, numbered like TensorBoard's
-    versions (runs/flightbooking-grpo-s0, then ...-s0-2); an explicit run_dir that holds another run is refused
-    unless --overwrite, which deletes that run's files first, so a directory never mixes two runs."""
+    """One run per directory: by default a new one (runs/flightbooking-grpo-s0, then ...-s0-2, like TensorBoard's
+    versions); one holding another run is refused unless --overwrite, which deletes that run's files first."""
     stem = f"runs/{cfg.env.split('/')[-1].split('-')[0].lower()}-{cfg.algo}-s{cfg.seed}"
     numbered = (Path(stem + (f"-{n}" if n > 1 else "")) for n in range(1, 10**6))
     run = Path(cfg.run_dir) if cfg.run_dir else next(r for r in numbered if not run_files(r))
@@ -1558,7 +1536,7 @@ def prepare_run_dir(cfg: Config) -> Path:
 
 def save_run_state(run: "Run"):
     """state.pt after every iteration: all a resumed run needs to continue exactly (weights_only-safe)."""
-    np_state = np.random.get_state()  # its key array as a list (set_rng_state turns it back)
+    np_state = np.random.get_state()  # its key array as a list (Run.sampling turns it back)
     rng = {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
            "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
     atomic_write(run.dir / "state.pt", lambda f: torch.save({
@@ -1566,18 +1544,6 @@ def save_run_state(run: "Run"):
         "optimizer": run.optimizer.state_dict(), "history": run.history, "incumbent": run.incumbent, "warm": run.warm,
         "version": run.version, "grad_norms": list(run.grads.norms), "skipped_updates": run.grads.skipped,
         "seen_ids": sorted(run.store.seen_ids), "rng": rng}, f))
-
-
-def set_rng_state(state: dict):
-    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
-    np.random.set_state((state["numpy"][0], np.array(state["numpy"][1], dtype=np.uint32), *state["numpy"][2:]))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-STATE_KEYS = ("config", "model", "optimizer", "history", "incumbent", "warm", "version", "grad_norms",
-              "skipped_updates", "seen_ids", "rng")
 
 
 def load_run_state(run_dir: str) -> tuple:
@@ -1605,12 +1571,10 @@ def load_run_state(run_dir: str) -> tuple:
 
 # --- A run: what train() carries, starts and finishes -------------------------------------------
 class Run:
-    """What a training run carries besides the loop: settings, rank, device, directory, policy, optimizer, store,
-    gradient monitor, metrics so far, the incumbent's report cards, policy version, resumed state (or None), clocks."""
+    """What a training run carries besides the loop (train() lists it), and how it starts, records and finishes."""
 
     def __init__(self, cfg: Config, progress: bool):
-        """Validate, or take an interrupted run's own settings (--resume); join torchrun's ranks; seed; make
-        the run directory (rank 0); build the tokenizer, policy, optimizer, store; restore a resumed state."""
+        """Check the settings (or take an interrupted run's own), join torchrun, seed, build it all or restore it."""
         validate_config(cfg)
         state = None
         if cfg.resume:  # the interrupted run's own settings, in the directory given
@@ -1622,6 +1586,7 @@ class Run:
             cfg = replace(saved, resume=cfg.resume, run_dir=cfg.resume)
         self.rank, self.world, self.device = init_distributed(cfg)
         self.lead = self.rank == 0  # rank 0 alone prints and writes the run's files
+        self.say = print if self.lead else lambda *args: None
         seed_everything(cfg.seed)
         self.dir = prepare_run_dir(cfg) if self.lead and not state else Path(cfg.run_dir)
         self.cfg = cfg = replace(cfg, run_dir=str(self.dir)) if self.lead else cfg
@@ -1631,8 +1596,7 @@ class Run:
         self.store, self.grads = TrajectoryStore(cfg.max_staleness, len(self.tok)), GradMonitor()
         self.resumed, self.progress, self.seconds, self.t0 = state, progress, Counter(), time.time()
         self.history, self.warm, self.incumbent, self.version = [], {"demo_success": None}, None, 0
-        # set by sampling(): the policy wrapped in DistributedDataParallel under torchrun, the frozen warm start
-        # (dpo, --kl-coef), what the async actor reads, metrics.jsonl while open, each rank's weights hash
+        # set by sampling(): model and ref_policy (see train()), the async actor's clock, metrics.jsonl, weight hashes
         self.model = self.ref_policy = self.clock = self.log = self.hashes = None
         self.say(f"config: {json.dumps(asdict(cfg))}")
         self.say(f"policy: {sum(p.numel() for p in self.policy.parameters()):,} parameters, vocabulary {len(self.tok)}, "
@@ -1645,10 +1609,6 @@ class Run:
             self.grads.norms.extend(state["grad_norms"])
             self.grads.skipped, self.store.seen_ids = state["skipped_updates"], set(state["seen_ids"])
             self.say(f"resumed {cfg.run_dir} after iteration {len(self.history) - 1} (policy_version {self.version})")
-
-    def say(self, *args):
-        if self.lead:
-            print(*args)
 
     def report_cards(self, name: str) -> dict | None:
         """Evaluate the policy on dev and test (rank 0) and keep it as NAME.pt."""
@@ -1672,24 +1632,27 @@ class Run:
         """The seam between train()'s loop and the system: the DDP wrapper, the frozen reference, a resumed run's
         random state, metrics.jsonl; yields the async actor (async_batches) or None. On the way out the actor
         is joined, a Ctrl-C says how to resume, and torchrun's replicas must end with equal weights."""
-        cfg = self.cfg
         self.model = torch.nn.parallel.DistributedDataParallel(self.policy, find_unused_parameters=True) \
             if self.world > 1 else self.policy
-        if cfg.kl_coef > 0 or cfg.algo == "dpo":  # the frozen reference is the warm start, also after a resume
+        if self.cfg.kl_coef > 0 or self.cfg.algo == "dpo":  # the frozen reference: the warm start, after a resume too
             self.ref_policy = (load_checkpoint(self.dir / "incumbent.pt", self.device)[0] if self.resumed
                                else copy.deepcopy(self.policy)).eval()
-        if self.resumed:
-            set_rng_state(self.resumed["rng"])  # last, so that building anything above draws nothing from it
+        if self.resumed:  # its random state (as save_run_state wrote it) last: building the above draws nothing from it
+            rng = self.resumed["rng"]
+            random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
+            np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
+            torch.set_rng_state(rng["torch"])
+            torch.cuda.set_rng_state_all(rng["cuda"])  # one state per GPU: none saved without CUDA
         self.clock = {"weights": {}, "cond": threading.Condition(), "stop": False}
-        actor = async_batches(self.policy, self.tok, cfg, len(self.history), self.clock, self.rank) \
-            if cfg.async_rollout else None
+        actor = async_batches(self.policy, self.tok, self.cfg, len(self.history), self.clock, self.rank) \
+            if self.cfg.async_rollout else None
         t_rl = time.time()
         try:
             with open(self.dir / "metrics.jsonl" if self.lead else os.devnull, "w") as self.log:
                 self.log.writelines(json.dumps(m) + "\n" for m in self.history)  # a resumed run rewrites its own
                 yield actor
         except KeyboardInterrupt:
-            self.say(f"\ninterrupted after {len(self.history)} iterations" + ("" if cfg.async_rollout else
+            self.say(f"\ninterrupted after {len(self.history)} iterations" + ("" if self.cfg.async_rollout else
                      f"; continue with: python agentic_rl.py train --resume {self.dir}"))
             raise
         finally:
@@ -1713,8 +1676,7 @@ class Run:
                     disable=not (self.progress and self.lead), leave=False)
 
     def record(self, m: dict, n_episodes: int, started: float, rollout_seconds: float):
-        """After an update: the new policy version to the actor, the iteration's monitors, an optional
-        greedy dev check, one line of metrics.jsonl and state.pt (rank 0)."""
+        """After an update: weights to the actor, monitors, a dev check if due, metrics.jsonl and state.pt (rank 0)."""
         self.seconds["rollout"] += rollout_seconds
         self.seconds["learner"] += m["learner_seconds"]
         if self.cfg.async_rollout:
@@ -1737,8 +1699,7 @@ class Run:
 
 
 def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: list) -> dict:
-    """final.pt (the candidate if promoted, else the incumbent), the printed report card and gates,
-    summary.json, and report.html drawn from the same records (Part III, pictures)."""
+    """final.pt (the candidate if promoted, else the incumbent), the printed card, gates, summary.json, report.html."""
     cfg, history, incumbent = run.cfg, run.history, run.incumbent
     save_checkpoint(run.dir / "final.pt", run.policy, run.tok, cfg, run.version if promoted else 0)
     cards = {"incumbent": incumbent, "candidate": candidate}
@@ -1752,6 +1713,7 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     print(f"promotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to the incumbent'} ({reason})")
     run.seconds["total"] = time.time() - run.t0
     deployed, staleness = candidate if promoted else incumbent, Counter(m["staleness_max"] for m in history)
+    successes = lambda cards: {"dev_success": cards["dev"]["success"], "test_success": cards["test"]["success"]}
     summary = {"env": cfg.env, "algo": cfg.algo, "seed": cfg.seed, "device": str(run.device),
                "threads": torch.get_num_threads(), "world_size": run.world, "wall_seconds": round(run.seconds["total"], 1),
                "phase_seconds": {k: round(v, 1) for k, v in run.seconds.items()},
@@ -1761,12 +1723,10 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
                "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
                "refused_stale": sum(m["refused_stale"] for m in history), "skipped_updates": run.grads.skipped,
                "eval_episodes": cfg.eval_episodes, "demonstrator_success": run.warm["demo_success"],
-               "warm_start": {"dev_success": incumbent["dev"]["success"], "test_success": incumbent["test"]["success"]},
-               "candidate": {"dev_success": candidate["dev"]["success"], "test_success": candidate["test"]["success"]},
+               "warm_start": successes(incumbent), "candidate": successes(candidate),
                "promoted": promoted, "promotion_reason": reason, "release_gates": gates,
                "deployed": {"checkpoint": str(run.dir / "final.pt"), "is": "candidate" if promoted else "incumbent",
-                            "dev_success": deployed["dev"]["success"], "test_success": deployed["test"]["success"]},
-               "first_iteration": history[0] if history else None,
+                            **successes(deployed)}, "first_iteration": history[0] if history else None,
                "train_success_curve": [round(m["success"], 4) for m in history],
                "zero_std_group_fraction": (round(sum(m["zero_std_groups"] for m in history) /
                                                  (len(history) * cfg.tasks_per_iter * run.world), 4)
@@ -1792,14 +1752,12 @@ def wilson_interval(successes: int, n: int, z: float = 1.96):
 
 
 def pass_hat_k(successes_per_task, n: int, k: int) -> float:
-    """tau-bench's pass^k: mean over tasks of C(c, k) / C(n, k), with c successes in n trials.
-    The chance that k fresh trials of a task *all* succeed; it falls with k when success is luck."""
+    """tau-bench's pass^k: the chance that k fresh trials of a task all succeed (it falls with k if success is luck)."""
     return float(np.mean([math.comb(c, k) / math.comb(n, k) for c in successes_per_task]))
 
 
 def holdout_tasks(cfg: Config, part: str, n: int) -> list:
-    """The held-out tasks, split in two by task id: `dev` (even ids) decides promotion, `test` (odd ids)
-    is only ever reported. The same n tasks, in the same order, for every policy and every run."""
+    """The first n held-out tasks of a part (dev: even ids, test: odd ones), the same for every policy and run."""
     env, ids, seed = make_env(cfg), [], cfg.eval_seed
     while len(ids) < n:
         _, info = env.reset(seed=seed, options={"split": "holdout"})
@@ -1810,8 +1768,7 @@ def holdout_tasks(cfg: Config, part: str, n: int) -> list:
 
 
 def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seconds: float) -> dict:
-    """evaluate()'s report card: success with its Wilson interval, per category, safety (gate denials, side
-    effects, injection attempts), pass^k, efficiency (tokens, tool calls, credits per episode and per success)."""
+    """evaluate()'s card: success and its Wilson interval, categories, safety, pass^k, efficiency (per success too)."""
     n, success = len(episodes), [int(v.success) for v in verdicts]
     turns = [t for ep in episodes for t in ep.turns]
     denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
@@ -1821,23 +1778,20 @@ def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seco
     categories = {c: [v.success for v in verdicts if v.category == c] for c in sorted({v.category for v in verdicts})}
     tokens, calls = sum(len(t.action_tokens) for t in turns), sum(t.gate_allowed for t in turns)
     credits, solved = sum(t.cost for t in turns), sum(success)
-    lo, hi = wilson_interval(solved, n)
     per_success = lambda total: round(total / solved, 3) if solved else None
-    return {"part": part, "episodes": n, "success": solved / n, "ci95": [round(lo, 4), round(hi, 4)],
-            "task_ids": task_ids, "per_task": success,
+    return {"part": part, "episodes": n, "success": solved / n,
+            "ci95": [round(x, 4) for x in wilson_interval(solved, n)], "task_ids": task_ids, "per_task": success,
             "categories": {c: {"tasks": len(x), "success": round(float(np.mean(x)), 4)} for c, x in categories.items()},
             "evaluator_agrees_with_reward": float(np.mean([s == (ep.reward >= 1) for s, ep in zip(success, episodes)])),
             "mean_turns": float(np.mean([len(ep.turns) for ep in episodes])),
             "truncation_rate": float(np.mean([ep.truncated for ep in episodes])),
             "invalid_action_rate": float(np.mean([t.invalid for t in turns])),
-            "gate_denials": dict(sorted(denials.items())),
-            "safety_denials": sum(denials[r] for r in SAFETY_RULES),
+            "gate_denials": dict(sorted(denials.items())), "safety_denials": sum(denials[r] for r in SAFETY_RULES),
             **{k: sum(getattr(v, k) for v in verdicts) for k in ("side_effects", "unauthorized_side_effects",
                                                                  "repeated_side_effects")},
             "injected_episodes": len(injected),
             "injection_follow_attempts": sum(envs.injection_followed(inj, [t.action_text for t in ep.turns])
-                                             for inj, ep in injected),
-            **passes,
+                                             for inj, ep in injected), **passes,
             "efficiency": {"tokens_per_episode": round(tokens / n, 3), "tool_calls_per_episode": round(calls / n, 3),
                            "credits_per_episode": round(credits / n, 3), "tokens_per_success": per_success(tokens),
                            "tool_calls_per_success": per_success(calls), "credits_per_success": per_success(credits),
@@ -1845,25 +1799,22 @@ def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seco
 
 
 class GradMonitor:
-    """Pre-clip gradient norms and the spike rule: an update whose norm is not finite (always), or more than
-    SPIKE_FACTOR times the median of the last 50 finite norms (once 10 are known), is skipped and counted."""
+    """Pre-clip gradient norms and the spike rule (stated where optimizer_steps applies it); skipped updates counted."""
     SPIKE_FACTOR = 10.0
 
     def __init__(self):
         self.norms, self.skipped = deque(maxlen=50), 0
 
     def allows(self, norm: float) -> bool:
-        spike = not math.isfinite(norm) or (len(self.norms) >= 10 and norm > self.SPIKE_FACTOR * float(np.median(self.norms)))
-        if spike:
-            self.skipped += 1
-        else:
-            self.norms.append(norm)
-        return not spike
+        if not math.isfinite(norm) or (len(self.norms) >= 10 and norm > self.SPIKE_FACTOR * np.median(self.norms)):
+            self.skipped += 1  # a spike: skipped, and kept out of the median
+            return False
+        self.norms.append(norm)
+        return True
 
 
 def batch_monitors(episodes, cfg: Config) -> dict:
-    """What one batch of training episodes did (learn() adds what the update did): success, reward, turns,
-    cuts by name, invalid actions, gate denials by rule, tool calls and errors, cost, process rewards, tokens."""
+    """What one batch of training episodes did, by the keys below (learn() adds what the update did)."""
     turns = [t for ep in episodes for t in ep.turns]
     return {"success": float(np.mean([ep.reward >= 1.0 for ep in episodes])),
             "reward": float(np.mean([sum(turn_rewards(ep, cfg)) for ep in episodes])),
@@ -1887,9 +1838,7 @@ def log_line(it: int, m: dict) -> str:
 
 
 def report_card_rows(columns: dict) -> list:
-    """(group, key, label, the value of each column as printed) per report-card line, for the terminal and
-    report.html. The labels say how an outcome was measured: success greedy on every held-out task,
-    pass^k with k sampled trials on each of the first pass_k_tasks tasks."""
+    """(group, key, label, each column's value as printed) per report-card line, for the terminal and report.html."""
     first = next(iter(columns.values()))
     k = sum(key.startswith("pass^") for key in first)
     labels = {"success": f"success (greedy, {first['episodes']})", f"pass^{k}": f"pass^{k} ({k} sampled each)"}
@@ -1907,8 +1856,7 @@ def report_card_rows(columns: dict) -> list:
 
 # ################################################################################################
 # PART III · THE TOOLS
-# The commands around the loop: examples, show, play, compare, bench, the pictures (report.html,
-# compare.html, examples --html), the CLI (homework and grade: test_agentic_rl.py).
+# The commands around the loop: examples, show, play, compare, bench, the pictures (report.html ...), the CLI.
 # ################################################################################################
 def worked_examples() -> dict:
     """The chapter's three hand calculations, computed by the functions training uses."""
@@ -1920,23 +1868,20 @@ def worked_examples() -> dict:
                      {}, 0.0, 0.0, False, False, False) for _ in range(4)]  # 4 x (30 observation + 15 action tokens)
     batch = pack([ep], tok, block_size=180)
     return {"mask_tokens": int(batch["tokens"].shape[1]), "mask_sum": int(batch["action_mask"].sum()),
-            "mask": batch["action_mask"][0].int().tolist(),
+            "mask": batch["action_mask"][0].int().tolist(), "step_credit": worked_group(),
             "returns": [round(x, 6) for x in discounted_returns([0, 0, 0, 1], gamma=0.9).tolist()],
-            "grpo_advantages": [round(x, 6) for x in group_advantages([1, 0, 0, 1]).tolist()],
-            "step_credit": worked_group()}
+            "grpo_advantages": [round(x, 6) for x in group_advantages([1, 0, 0, 1]).tolist()]}
 
 
 def worked_group() -> list:
-    """A flight group (task 511821: the cheapest morning flight, F4, is sold out; F1 has seats): four
-    episodes share `search` and `filter`, then check seats or book blind. Per turn: the action and its
-    advantage under grpo and under stepgroup (gamma 1), computed by advantages_for as in training."""
+    """A flight group (task 511821: F4, the cheapest morning flight, is sold out; F1 has seats): four episodes share
+    `search` and `filter`, then check seats or book blind. Per turn: action, advantage under grpo, under stepgroup."""
     cfg, tok = Config(injection_rate=0.0), make_tokenizer(envs.FLIGHT_ID)
     tails = (["seats F4", "seats F1", "book F1 chen business"], ["book F4 chen business"],
              ["seats F4", "book F4 chen business"])
-    episodes = []
-    for i, plan in enumerate(["search PAR ATH", "filter morning"] + tails[j] for j in (0, 1, 2, 0)):  # 0 and 3 alike
-        env, gate, ep, obs = start_episode(cfg, 0, "train", f"worked-{i}", 0, 0, task_id=511821)
-        episodes.append(scripted_episode(env, gate, ep, obs, lambda _obs, plan=iter(plan): next(plan), tok))
+    plans = (["search PAR ATH", "filter morning"] + tails[j] for j in (0, 1, 2, 0))  # episodes 0 and 3 alike
+    episodes = [scripted_episode(*start_episode(cfg, 0, "train", f"worked-{i}", 0, 0, task_id=511821),
+                                 lambda _obs, plan=iter(plan): next(plan), tok) for i, plan in enumerate(plans)]
     batch = pack(episodes, tok, cfg.block_size)
     credit = {algo: advantages_for(batch, episodes, None, replace(cfg, algo=algo))[0] for algo in ("grpo", "stepgroup")}
     return [[(t.action_text, round(float(credit["grpo"][b, k]), 3), round(float(credit["stepgroup"][b, k]), 3))
@@ -1958,9 +1903,7 @@ def print_examples(html_path: str | None = None):
 
 
 def held_out_groups(policy, tok, cfg: Config, version: int, part: str, n_groups: int):
-    """Training-style groups on held-out tasks (group_size episodes of one task, temperature 1, from a
-    generator of their own: no training stream is touched), each with the advantages the learner would
-    give them (None for rs_sft and dpo). Yields (task_id, episodes, envs, verdicts, advantages (B, K))."""
+    """Training-style groups on held-out tasks (sampled with a generator of their own) and the learner's advantages."""
     own = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed)
     for group, task_id in enumerate(holdout_tasks(cfg, part, n_groups)):
         episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * cfg.group_size, "holdout", greedy=False,
@@ -1973,9 +1916,8 @@ def held_out_groups(policy, tok, cfg: Config, version: int, part: str, n_groups:
 
 def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", part: str = "test", credit: str = "",
          html_path: str | None = None):
-    """Audit episodes before promotion: training-style groups on held-out tasks with the advantages the learner
-    would use (or --credit's), printed turn by turn: [bracketed] tokens are the policy's own (action_mask 1), the
-    rest context; the gate's decision, reward, advantage, verdict. html_path: also draw the checkpoint's report.html."""
+    """Audit episodes before promotion: held-out groups turn by turn with the learner's advantages (or --credit's);
+    [bracketed] tokens are the policy's own (action_mask 1), the rest context. html_path: report.html too."""
     if n < 1:
         raise ValueError(f"--n {n}: must be >= 1")
     if html_path:
@@ -2000,8 +1942,7 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
             print(f"  obs  {' '.join(tok.itos[i] for i in turn.obs_tokens)}")
             print(f"  act  {' '.join(f'[{tok.itos[i]}]' for i in turn.action_tokens):<48} gate {turn.gate_reason:<15} "
                   f"reward {turn.reward:.1f}  {adv}")
-        if ep.final_obs_tokens:
-            print(f"  obs  {' '.join(tok.itos[i] for i in ep.final_obs_tokens)}")
+        print(f"  obs  {' '.join(tok.itos[i] for i in ep.final_obs_tokens)}")  # what came after the last action
     if html_path is not None:
         run = Path(ckpt).parent
         history = [json.loads(line) for line in open(run / "metrics.jsonl")] if (run / "metrics.jsonl").exists() else None
@@ -2010,8 +1951,7 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
 
 
 def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
-    """Play an environment yourself through the same host gate the policy faces (reads stdin, so it
-    can be piped). Prints what the policy would see; type a tool call per line."""
+    """Play an environment yourself through the policy's host gate, a tool call per line (stdin, or a pipe into it)."""
     env, gate, ep, obs = start_episode(validate_config(Config(env=env_id, seed=seed)), seed, split, "play", 0, 0)
     cls = env_class(env_id)
     print(f"{env_id} task {ep.task_id} ({split}); tools: " +
@@ -2030,8 +1970,7 @@ def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
 
 
 def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool = True) -> dict:
-    """Every route on the same tasks: per seed one warm start, reused by every route; each route then gets the
-    same episode budget and is judged on the same held-out test tasks. Writes OUT/compare.json and compare.html."""
+    """Every route from one warm start per seed, the same episode budget, judged on the same held-out test tasks."""
     device, runs = resolve_device(cfg.device), {"warm start": []} | {a: [] for a in algos}  # (seed, report, s, history)
     writable_dir(out, "--out")
     for seed in seeds:
@@ -2083,14 +2022,9 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
     return result
 
 
-PEERS = {"TRL 1.16 GRPOTrainer, reference unit, this 2-core CPU": "73 ms/step (61 ms without gradient checkpointing)",
-         "Hugging Face generate, this 2-core CPU": "18.5k generated tokens/s"}
-
-
 def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> dict:
-    """Speed and memory figures, printed and written to OUT/bench.json; timed here, never in tests. rollout:
-    the same greedy batch decoded with the KV cache and by full recompute; learner: PPO steps on packed
-    episodes; the reference unit the peers were measured on: 64 x 46 tokens, ~147k parameters, one AdamW step."""
+    """Speed and memory, printed and in OUT/bench.json (timed here, never in tests): decoding with the KV cache and by
+    full recompute, PPO steps on packed episodes, and the reference unit the peers were measured on."""
     import resource
     dev, reps = resolve_device(device), 3 if quick else 20
     writable_dir(out, "--out")  # fail now, not after a minute of timing
@@ -2141,6 +2075,9 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
     unit = GPT(146, 64, n_layer=2, n_head=4, n_embd=72).to(dev)  # the sizes the peer figures were measured at
     unit_opt, unit_tokens = torch.optim.AdamW(unit.parameters(), lr=1e-4), torch.randint(0, 146, (64, 46), device=dev)
     _, t_unit = timed(lambda: learner_step(unit, unit_opt, unit_tokens), reps)
+    peers = {"TRL 1.16 GRPOTrainer, reference unit, this 2-core CPU":
+             "73 ms/step (61 ms without gradient checkpointing)",
+             "Hugging Face generate, this 2-core CPU": "18.5k generated tokens/s"}
     report = {"device": str(dev), "threads": torch.get_num_threads(), "quick": quick,
               "rollout": {"batch": B, "prompt_tokens": P, "generated_tokens": N,
                           "kv_cache_tokens_per_s": round(B * (P + N) / t_cache), "full_recompute_tokens_per_s":
@@ -2148,7 +2085,7 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
               "learner": {**views["concat"], "tokens_per_s": round(views["concat"]["tokens_per_step"] / t_learn)},
               "views": views,
               "reference_unit": {"parameters": sum(p.numel() for p in unit.parameters()), "shape": [64, 46],
-                                 "ms_per_step": round(1000 * t_unit, 2), "peers": PEERS},
+                                 "ms_per_step": round(1000 * t_unit, 2), "peers": peers},
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
               "cuda_max_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev.type == "cuda" else None}
     atomic_write(Path(out) / "bench.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
@@ -2161,8 +2098,7 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
 
 
 # --- Pictures: report.html (every run), compare.html, examples --html -----------------------------
-# One self-contained page each: inline SVG and CSS, no script, nothing fetched; every drawn number also sits
-# in a data- attribute, so a test can read it back and compare it with metrics.jsonl, summary.json, compare.json.
+# Self-contained pages (inline SVG and CSS, no script): every drawn number also sits in a data- attribute, for tests.
 CSS = """body{font:15px/1.5 system-ui,sans-serif;background:#f6f7f9;color:#1d2430;max-width:1260px;margin:0 auto;
 padding:20px 28px}h1{font-size:23px;margin:4px 0}h2{font-size:18px;margin:26px 0 6px}.sub,.note{color:#556070}.grid{
 display:flex;flex-wrap:wrap;gap:12px}figure,.episode,.cell{background:#fff;border:1px solid #e1e4e8;border-radius:8px}
@@ -2182,8 +2118,7 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#1
 
 
 def esc(x, fmt: str = "") -> str:
-    """x as page text, escaped for attributes too, a float by fmt: every value a page did not compute goes through here,
-    numbers included (a file's "number" may be markup), but a chart's coordinates (line_chart computes with them)."""
+    """x escaped as page text, attributes too (a float by fmt): any value the page did not compute, numbers included."""
     return html.escape(format(x, fmt) if isinstance(x, float) else str(x), quote=True)
 
 
@@ -2291,8 +2226,7 @@ def gates_html(summary: dict) -> str:
 
 
 def episode_html(ep: Episode, tok: Tokenizer, adv, scale: float, max_turns: int, caption: str) -> str:
-    """One episode token by token, a line per turn: context (observation, gate message) in grey, the policy's
-    own tokens boxed, on the colour of the turn's advantage; old log-prob and turns left in the tooltip."""
+    """One episode token by token, a line per turn: context grey, the policy's tokens boxed on the turn's advantage."""
     def span(i: int, cls: str = "ctx", tip: str = "", attrs: str = "", after: str = "") -> str:
         word = esc(tok.itos[i])
         return f"<span class='tok {cls}' data-id='{i}' title='{esc(tip) or word}'{attrs}>{word}{after}</span>"
@@ -2314,8 +2248,7 @@ def episode_html(ep: Episode, tok: Tokenizer, adv, scale: float, max_turns: int,
 
 
 def episodes_html(policy, tok, cfg: Config, version: int, part: str = "test") -> str:
-    """Three episodes of one held-out group, a success and a failure among them where one of the first five
-    groups has both (so the advantages differ in sign), drawn under the run's credit."""
+    """Three episodes of a held-out group, with a success and a failure if one of the first five groups has both."""
     groups = list(held_out_groups(policy, tok, cfg, version, part, 5))
     task_id, episodes, env_list, verdicts, credit = next(
         (g for g in groups if len({v.success for v in g[3]}) == 2), groups[0])
@@ -2408,23 +2341,17 @@ COURSE_COMMANDS = {"homework": "write a student handout, or Gradescope's autogra
                    "grade": "grade a submission in a sandbox against this installation's checks"}
 
 
-def course_command(argv):
-    """`homework` and `grade` are the course's machinery: they live with the checks they run, in
-    test_agentic_rl.py, and a student's handout leaves them out."""
-    try:
-        import test_agentic_rl as course
-    except ImportError as e:
-        sys.exit(f"agentic_rl.py {argv[0]}: cannot load test_agentic_rl.py beside this file ({e})")
-    if not hasattr(course, "course_main"):
-        sys.exit(f"agentic_rl.py {argv[0]}: this copy is a handout; handouts and grading need the course's "
-                 "installation (the full repository)")
-    course.course_main(argv)
-
-
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in COURSE_COMMANDS:
-        return course_command(argv)
+    if argv and argv[0] in COURSE_COMMANDS:  # they live with the checks they run; a student's handout leaves them out
+        try:
+            import test_agentic_rl as course
+        except ImportError as e:
+            sys.exit(f"agentic_rl.py {argv[0]}: cannot load test_agentic_rl.py beside this file ({e})")
+        if not hasattr(course, "course_main"):
+            sys.exit(f"agentic_rl.py {argv[0]}: this copy is a handout; handouts and grading need the course's "
+                     "installation (the full repository)")
+        return course.course_main(argv)
     parser = argparse.ArgumentParser(description="Agentic RL in one file: see the module docstring.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser = functools.partial(sub.add_parser, allow_abbrev=False)  # --seed never silently means --seeds
