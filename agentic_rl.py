@@ -732,7 +732,7 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
             group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)  # constant, then a cosine to 0 (Part II)
         loss, _ = sft_step(policy, batch, idx)
         opt.zero_grad()
-        loss.backward()  # no gradient clipping here: clipping at 1.0 delayed learning to copy (README)
+        loss.backward()  # unclipped: clipping at 1.0, as in RL, gives the same warm start (README)
         opt.step()
         losses.append(loss.item())
     return {"demo_success": float(np.mean([ep.reward for ep in demos])), "sft_loss": float(np.mean(losses[-10:])),
