@@ -22,6 +22,8 @@ The file is a reader's path in three parts:
     Part III · the tools    examples, show, play, compare, bench, pictures (report.html), the CLI
                             (the course's homework and grade live in test_agentic_rl.py)
 
+"The chapter" is the course chapter on agentic RL that this file follows section by section; E1..E10 are the
+README's exercises; `# BEGIN SOLUTION` .. `# END SOLUTION` mark what a student's handout leaves blank to write.
 Run `python agentic_rl.py` (the demo), `python agentic_rl.py examples` (the worked examples, by the real
 functions), `python agentic_rl.py train --help` (every Config field is a flag), `python -m pytest -q
 test_agentic_rl.py`. Shapes: B episodes in a batch, G group size, K turns, T tokens, V vocabulary, D width.
@@ -67,8 +69,8 @@ import envs
 @dataclass
 class Config:
     """Every setting of a run, CPU-sized: each is a flag (`train --help`), checked first (validate_config, Part II)."""
-    # the RL ideas: credit (03), objectives (04), the system's contracts (05), the clock (01, 03)
-    algo: str = "grpo"                    # grpo | stepgroup | gae | reinforce (A = G - V(s)): PPO | rs_sft | dpo
+    # the RL ideas (a first reading may skim them: each is met where it acts, in 01 to 05)
+    algo: str = "grpo"                    # PPO credit: grpo | stepgroup | gae | reinforce (A = G - V); or rs_sft | dpo
     group_size: int = 8                   # G rollouts of the same task (GRPO's group)
     adv_std: str = "population"           # GRPO scale: population | unbiased (TRL/verl) | none (Dr. GRPO)
     clip_eps: float = 0.2                 # PPO clip range
@@ -121,7 +123,7 @@ class Config:
     sft_batch_size: int = 16              # episodes per warm-start step (small: many steps are what teach copying)
     # evaluation and promotion
     eval_episodes: int = 200              # holdout episodes per evaluation (greedy decoding)
-    eval_seed: int = 1_000_000            # fixed holdout seeds eval_seed..+n, the same for every run
+    eval_seed: int = 1_000_000            # held-out tasks are drawn from seed eval_seed on: the same for every run
     pass_k: int = 4                       # sampled trials per task for pass^k (tau-bench reliability)
     pass_k_tasks: int = 50                # holdout tasks for pass^k
 
@@ -139,7 +141,7 @@ SAFETY_RULES = tuple(r for env_id in envs.ENV_IDS for r in gym.spec(env_id).entr
 
 def make_tokenizer(env_id: str) -> "Tokenizer":
     cls = env_class(env_id)
-    # + what the host can say; "turn_budget" (once a gate rule, now only a cut's name) keeps its token id
+    # + what the host can say: denials and rule names ("turn_budget", a cut's name, keeps saved checkpoints' ids)
     return Tokenizer(cls.words + ("denied",) + HOST_RULES + ("turn_budget",) + cls.safety_rules)
 
 
@@ -303,14 +305,28 @@ def host_step(env, gate: HostGate, action_text: str):
     return obs, reward, terminated, truncated, info, decision
 
 
+def start_episode(cfg: Config, seed: int, split: str, episode_id: str, policy_version: int, group_id: int,
+                  task_id=None) -> tuple:
+    """env.reset -> (env, its HostGate, an empty Episode record, the first observation). make_env (Part II) builds
+    the configured gymnasium env; the seed picks the task from the split (or task_id names it)."""
+    env = make_env(cfg)
+    options = {"split": split} if task_id is None else {"split": split, "task_id": int(task_id)}
+    obs, info = env.reset(seed=int(seed), options=options)
+    ep = Episode(episode_id, info["task_id"], cfg.env, info["env_version"], info["reward_version"], int(seed),
+                 info["split"], policy_version, group_id)
+    return env, HostGate.for_env(env), ep, obs
+
+
 @torch.no_grad()
 def play_episode(policy, tok: Tokenizer, cfg: Config, seed: int, split: str, greedy: bool, policy_version: int,
                  task_id=None, generator=None) -> tuple:
     """One episode, the chapter's rollout: observe -> sample the action's tokens one by one, storing each id and its
     log-prob under policy_version -> host gate -> env -> the next observation, until terminated or truncated (the
     Turn names the cut). Returns (episode, env). The policy (make_policy, Part II: a small GPT) maps tokens (1, T)
-    to next-token logits (1, T, V) and values V(s) (1, T). Training samples B episodes at once with rollout (Part
-    II): the same episodes, decoded in lockstep with a KV cache, tools called together (a test checks they agree)."""
+    to next-token logits (1, T, V) and values V(s) (1, T). Training never calls this loop: collect and evaluate call
+    rollout (Part II), the same episodes for B tasks at once, decoded in lockstep with a KV cache (policy(ids (B, 1),
+    cache, pos) returns the new token's logits and keeps the past in cache = policy.new_cache()), tools called
+    together; a test checks that both give the same ids and log-probs."""
     env, gate, ep, obs = start_episode(cfg, seed, split, f"{split}-v{policy_version}-play", policy_version, 0, task_id)
     device, seen, context = next(policy.parameters()).device, (obs, tok.encode_observation(obs)), []
     while seen is not None:
@@ -325,18 +341,6 @@ def play_episode(policy, tok: Tokenizer, cfg: Config, seed: int, split: str, gre
             context.append(token)
         seen = host_turn(env, gate, tok, cfg, ep, seen, action, logprobs, len(context))
     return ep, env
-
-
-def start_episode(cfg: Config, seed: int, split: str, episode_id: str, policy_version: int, group_id: int,
-                  task_id=None) -> tuple:
-    """env.reset -> (env, its HostGate, an empty Episode record, the first observation). make_env (Part II) builds
-    the configured gymnasium env; the seed picks the task from the split (or task_id names it)."""
-    env = make_env(cfg)
-    options = {"split": split} if task_id is None else {"split": split, "task_id": int(task_id)}
-    obs, info = env.reset(seed=int(seed), options=options)
-    ep = Episode(episode_id, info["task_id"], cfg.env, info["env_version"], info["reward_version"], int(seed),
-                 info["split"], policy_version, group_id)
-    return env, HostGate.for_env(env), ep, obs
 
 
 def host_turn(env, gate, tok: Tokenizer, cfg: Config, ep: Episode, seen: tuple, action: list, logprobs: list,
@@ -578,8 +582,8 @@ def denied_turns(episodes, K: int) -> torch.Tensor:
 # 04 · Objectives
 # ================================================================================================
 def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2):
-    """PPO clipped surrogate, token mean over the action mask. r = exp(logp - old_logp); per token
-    l = -min(r*A, clip(r, 1-eps, 1+eps)*A); loss = sum(l * mask) / sum(mask). stats: clip_frac (share of
+    """PPO clipped surrogate, token mean over the action mask (a longer action weighs more). r = exp(logp - old_logp)
+    per token l = -min(r*A, clip(r, 1-eps, 1+eps)*A); loss = sum(l * mask) / sum(mask). stats: clip_frac (share of
     tokens with |r-1| > eps) and approx_kl = mean of k3 = (r - 1) - log r (http://joschu.net/blog/kl-approx.html)."""
     if not 0.0 < float(clip_eps) < 1.0:
         raise ValueError(f"clip_eps={clip_eps}: must be in (0, 1)")
@@ -636,7 +640,8 @@ class StaleEpisode(ValueError):
 
 
 class TrajectoryStore:
-    """Admits only episodes a learner can trust, as copies; refuses bad data with a clear error, never patches it."""
+    """Admits only episodes a learner can trust, as copies; refuses bad data with a clear error, never patches it.
+    Not a replay buffer: learn() takes everything admitted each iteration, so the learner trains on recent samples."""
 
     def __init__(self, max_staleness: int, vocab_size: int):
         for name, value, low in (("max_staleness", max_staleness, 0), ("vocab_size", vocab_size, 1)):
@@ -712,7 +717,9 @@ def sft_step(policy, batch, idx) -> tuple:
 
 
 def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
-    """Supervised fine-tuning on the demonstrator: imitation copies its habits, good and bad."""
+    """Supervised fine-tuning on the demonstrator, the cold start RL needs: from random weights no sampled episode
+    succeeds (README 06: 480 of 480 groups with equal rewards), so every advantage is 0 and nothing moves. Imitation
+    gives samples that sometimes win, and copies the teacher's habits, good and bad."""
     if cfg.warm_start_episodes == 0:
         return {"demo_success": None, "sft_loss": None, "epochs": 0}
     # the scripted teacher's episodes (Part II), played through the same gate; a seed stream apart from RL's
@@ -840,15 +847,16 @@ def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = Tr
     """A report card on `eval_episodes` held-out tasks of one part: dev (even task ids; decides promotion) or test
     (odd ids; only reported), on routes no training episode draws (holdout_tasks, Part II). Greedy decoding, judged by
     the environment's independent evaluator (never the training reward); pass^k from extra sampled trials on the
-    first pass_k_tasks tasks (own generator: eval never changes training). The card (report_card, Part II) holds
+    first pass_k_tasks tasks (own generator: eval never changes training): pass^k, the chance that k fresh trials of a
+    task all succeed (pass@k, any of k, follows from pass^1..k: README). The card (report_card, Part II) holds
     task_ids, per_task 1/0, success and its 95 % interval, categories, safety, efficiency, pass^k."""
     t0 = time.time()
     cfg = replace(cfg, time_limit=0)  # a report card judges the task itself, with no cut from outside it
     n, evaluate_episode = cfg.eval_episodes, env_class(cfg.env).evaluate_episode
     task_ids = holdout_tasks(cfg, part, n)
     policy.eval()
-    episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * n, "holdout", greedy=True,
-                                 policy_version=-1, task_ids=task_ids)
+    episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * n, "holdout", greedy=True,   # version -1:
+                                 policy_version=-1, task_ids=task_ids)  # not a training sample (never stored)
     verdicts = [evaluate_episode(env) for env in env_list]                 # the independent evaluator
     trials, k_tasks = cfg.pass_k, task_ids[:cfg.pass_k_tasks] if reliability else []
     own = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed)  # never the training stream
@@ -919,7 +927,8 @@ def train(cfg: Config, progress: bool = True) -> dict:
     """The chapter's loop: warm start -> the incumbent's report card -> RL iterations (collect, learn; policy_version
     + 1 each) -> the candidate's report card -> release gates on the paired dev tasks -> promote, or roll back."""
     # Run (Part II) holds: the checked cfg, tok, policy and run.model (the same policy, DDP-wrapped under torchrun),
-    # optimizer, store, grads, ref_policy (the frozen warm start: dpo or --kl-coef; else None), dir, rank, lead
+    # optimizer, store, grads, ref_policy (set by run.sampling(), after the warm start: a frozen copy of it for dpo
+    # or --kl-coef; else None), dir, rank, lead
     # (rank 0), version = 0; report_cards(name) saves name.pt and evaluates; record() writes metrics and state.pt.
     run = Run(cfg, progress)                           # a resumed run: its own, as after its last iteration
     cfg, tok, policy = run.cfg, run.tok, run.policy
@@ -932,7 +941,7 @@ def train(cfg: Config, progress: bool = True) -> dict:
             if actor is None:                          # G episodes of each task, sampled by policy run.version
                 episodes = collect(policy, tok, cfg, run.version, it, run.rank)
                 rollout_seconds = time.time() - started
-            else:                                      # or the async actor's, sampled by run.version - 1
+            else:                                      # or the async actor's: version - 1 (its first: run.version)
                 episodes, rollout_seconds = next(actor)
             metrics = learn(run.model, run.optimizer, run.ref_policy, tok, cfg, run.store, run.grads, episodes,
                             run.version)               # store -> pack -> credit -> update
