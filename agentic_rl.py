@@ -181,8 +181,8 @@ class Turn:
     gate_allowed: bool
     gate_reason: str        # "ok" or the rule that denied it
     receipt: dict           # the tool's receipt (or the denial)
-    reward: float
-    cost: float
+    reward: float           # the outcome: paid on the turn that terminates (1 = success), 0 on every other turn
+    cost: float             # the tool call's simulated credits: never in the reward (the gates' cost per success)
     invalid: bool           # malformed action (unknown tool / bad arguments)
     terminated: bool        # an end state of the task was reached
     truncated: bool         # no end state, but something cut the episode here
@@ -530,7 +530,8 @@ def group_credit(episodes, cfg: Config) -> tuple:
 def step_credit(episodes, cfg: Config) -> torch.Tensor:
     """stepgroup's step term A^S(s_t), (B, K): step_group_advantages of each turn's discounted return, within its
     task's group. Added to grpo's A with weight 1 (GiGPO). Within each set of turns that shared a state it sums to
-    0; the first state every episode shares, so there it equals grpo's A, counted twice (`examples`: +1 -> +2)."""
+    0; at a state the whole group shares (the first, often more), with gamma 1 and no process reward, it equals
+    grpo's A, counted twice (`examples`: +1 -> +2)."""
     out = torch.zeros(len(episodes), max(len(ep.turns) for ep in episodes))
     for g in dict.fromkeys(ep.group_id for ep in episodes):
         turns = [(b, k) for b, ep in enumerate(episodes) if ep.group_id == g for k in range(len(ep.turns))]
@@ -844,9 +845,9 @@ def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 
 # ================================================================================================
 @torch.no_grad()
 def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = True) -> dict:
-    """A report card on `eval_episodes` held-out tasks of one part: dev (even task ids; decides promotion) or test
-    (odd ids; only reported), on routes no training episode draws (holdout_tasks, Part II). Greedy decoding, judged by
-    the environment's independent evaluator (never the training reward); pass^k from extra sampled trials on the
+    """A report card on `eval_episodes` held-out tasks (no training episode draws them: holdout_tasks, Part II) of one
+    part: dev (even task ids; decides promotion) or test (odd ids; only reported). Greedy decoding, judged by the
+    environment's independent evaluator (never the training reward); pass^k from extra sampled trials on the
     first pass_k_tasks tasks (own generator: eval never changes training): pass^k, the chance that k fresh trials of a
     task all succeed (pass@k, any of k, follows from pass^1..k: README). The card (report_card, Part II) holds
     task_ids, per_task 1/0, success and its 95 % interval, categories, safety, efficiency, pass^k."""
@@ -926,10 +927,9 @@ def promotion_decision(candidate: dict, incumbent: dict):
 def train(cfg: Config, progress: bool = True) -> dict:
     """The chapter's loop: warm start -> the incumbent's report card -> RL iterations (collect, learn; policy_version
     + 1 each) -> the candidate's report card -> release gates on the paired dev tasks -> promote, or roll back."""
-    # Run (Part II) holds: the checked cfg, tok, policy and run.model (the same policy, DDP-wrapped under torchrun),
-    # optimizer, store, grads, ref_policy (set by run.sampling(), after the warm start: a frozen copy of it for dpo
-    # or --kl-coef; else None), dir, rank, lead
-    # (rank 0), version = 0; report_cards(name) saves name.pt and evaluates; record() writes metrics and state.pt.
+    # Run (Part II) hands over: cfg (checked), tok, policy, model (the policy; DDP-wrapped under torchrun), optimizer,
+    # store, grads, ref_policy (a frozen copy of the warm start, made by run.sampling(): dpo, --kl-coef; else None),
+    # dir, rank, lead (rank 0), version = 0; report_cards(name) saves name.pt and evaluates; record() logs a step.
     run = Run(cfg, progress)                           # a resumed run: its own, as after its last iteration
     cfg, tok, policy = run.cfg, run.tok, run.policy
     if run.resumed is None:
