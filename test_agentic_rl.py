@@ -2622,14 +2622,22 @@ def strong_secret(secret) -> str:
     """The course's secret, refused below 128 bits (32 hexadecimal digits): a short one (4242) is found from a
     single handout id by trying them all, and with it ids can be forged and hidden inputs computed."""
     secret = str(secret).strip()
-    typed = len(set(secret.lower())) < 8 or any(secret == (secret[:p] * len(secret))[:len(secret)]  # 42424242...,
-                                                   for p in range(1, len(secret) // 2 + 1))        # 0123...f0123...f
-    if not re.fullmatch(r"[0-9a-fA-F]{32,}", secret) or typed:  # token_hex(16) has 8 distinct digits or more: < 1e-5
+    if not re.fullmatch(r"[0-9a-fA-F]{32,}", secret) or typed_secret(secret.lower()):
         raise ValueError(f"the course's secret holds fewer than 128 bits (it must be 32 or more hexadecimal digits, "
                          f"drawn at random, not a pattern; it has {len(secret)} characters): make one with "
                          f"{MAKE_A_SECRET} and put it in {SECRET_ENV} (a grading installation keeps it in "
                          "hidden_seed.txt, readable by root only)")
     return secret
+
+
+def typed_secret(digits: str) -> bool:
+    """A pattern someone typed, not drawn: fewer than 10 distinct digits, a period (42424242..., 0123...f0123...f),
+    a palindrome, or 7 digits in a row that repeat or count up or down by one (0000000, 1234567, fedcba9). Drawn ones
+    are refused rarely (measured: token_hex(16) 21 times in 300,000, token_hex(32) twice in 100,000): draw again."""
+    steps = "".join({0: "=", 1: "+", 15: "-"}.get((int(b, 16) - int(a, 16)) % 16, ".") for a, b in zip(digits, digits[1:]))
+    return (len(set(digits)) < 10 or digits == digits[::-1] or re.search(r"(=|\+|-)\1{5}", steps) is not None
+            or any(digits == (digits[:p] * len(digits))[:len(digits)] for p in range(1, len(digits) // 2 + 1)))
+
 
 
 def student_name(student) -> str:
@@ -3420,6 +3428,7 @@ class Worker:
         """compile_only: names of files in folder that the worker only compiles (see compile_only); its
         answer is then self.ready."""
         self.sandbox, self.deadline, self.tail, self.callbacks = sandbox, deadline, bytearray(), callbacks
+        self.allowed = set()  # the (wins, losses) whose sign_test_p this call may ask for (paired_outcomes)
         fds, reply = sandbox.request(op="fork", folder=str(folder), uid=sandbox.uid and sandbox.uid[0],
                                      gid=sandbox.uid and sandbox.uid[1], memory=sandbox.memory, callbacks=callbacks,
                                      compile=list(compile_only), cgroup_root=CGROUP_ROOT, tasks=WORKER_TASKS,
@@ -3467,11 +3476,12 @@ class Worker:
                 raise WorkerGone(f"it asked the grader for {str(reply['callback'])[:40]!r}, which this exercise "
                                  "may not ask for")
             try:
-                send(self.sock, {"value": reference_value(reply["callback"], reply.get("args"))})
+                send(self.sock, {"value": reference_value(reply["callback"], reply.get("args"), self.allowed)})
             except (ValueError, TypeError) as e:
                 send(self.sock, {"error": str(e)})
 
     def value(self, **request):
+        self.allowed = paired_outcomes(request.get("args")) if self.callbacks else set()  # sign_test_p's answers
         try:
             self.sock.settimeout(max(1e-3, self.deadline - time.monotonic()))
             send(self.sock, request)
@@ -3496,14 +3506,35 @@ class Worker:
             os.close(self.out)
 
 
-def reference_value(name, args):
+def reference_value(name, args, allowed: set):
     """The one reference piece a worker may ask for (promotion calls sign_test_p): its value for the
-    student's arguments, computed here; the code never crosses."""
+    student's arguments, computed here; the code never crosses. Only for the wins and losses of the reports
+    in the call being checked (what a right promotion_decision asks): any other answer could be carried out
+    in a message, and a table of them hard-codes sign_test."""
     if name != "sign_test_p" or not (isinstance(args, list) and len(args) == 2 and
-                                     all(type(x) is int and x >= 0 for x in args) and sum(args) <= 2_500):
-        raise ValueError("the grader answers sign_test_p(wins, losses) for ints >= 0 with wins + losses <= 2500 "
-                         "(an evaluation holds at most 2500 dev tasks), nothing else")
+                                     all(type(x) is int and x >= 0 for x in args) and tuple(args) in allowed):
+        raise ValueError("the grader answers sign_test_p(wins, losses) only for the wins and losses of the two "
+                         "reports promotion_decision was given, nothing else")
     return A.sign_test_p(*args)
+
+
+def paired_outcomes(wire) -> set:
+    """(wins, losses) of every two equally long per_task lists (1/0 outcomes) that a request carries, both ways."""
+    lists = []
+
+    def walk(x):
+        if isinstance(x, list):
+            for v in x:
+                walk(v)
+        elif isinstance(x, dict):
+            for k, v in x.get("~dict", []):
+                if k == "per_task" and isinstance(v, list) and all(type(o) in (int, bool) for o in v):
+                    lists.append(v)
+            for v in x.values():
+                walk(v)
+    walk(wire)
+    return {(sum(a > b for a, b in zip(x, y)), sum(a < b for a, b in zip(x, y)))
+            for x in lists for y in lists if len(x) == len(y)}
 
 
 def student_error(reply: dict) -> Exception:
@@ -4698,6 +4729,21 @@ while held + ended < 4 and time.monotonic() < deadline:
 raise RuntimeError(f"processes that held 200 MiB each at once: {held}")"""
 
 
+def test_promotion_is_answered_sign_test_p_for_its_own_reports_alone(tmp_path, shared_sandbox):
+    """A red team's last row: promotion's worker asked the grader for sign_test_p at inputs of its choosing and
+    carried the values out in a message, a table that hard-codes sign_test. Only the wins and losses of the two
+    reports in the call are answered, which a right promotion_decision still gets (all its checks pass)."""
+    sub, right = tmp_path / "sub", tmp_path / "right"
+    write_handout(sub, only=["promotion"])
+    fill(sub / "agentic_rl.py", "promotion", ["raise RuntimeError(f'oracle {sign_test_p(7, 7)!r}')"])
+    write_handout(right, only=["sign_test"])                      # promotion is the reference's
+    for folder, want in ((sub, {"crashes"}), (right, {"passed"})):
+        report = exercises(grade(folder, only=["promotion"], time_limit=20))["promotion"]
+        assert {c["status"] for c in report["checks"]} == want, report
+    assert "0.6047" not in json.dumps(report) and all("only for the wins and losses" in c["message"]
+                                                       for c in exercises(grade(sub, only=["promotion"]))["promotion"]["checks"])
+
+
 ASK_THE_GRADER = """import sys as _s, __main__ as _m
 _f = _s._getframe()
 while _f is not None and "sock" not in _f.f_locals:
@@ -5005,7 +5051,8 @@ def test_a_weak_secret_or_one_on_the_command_line_is_refused_saying_how_to_make_
                  ["grade", tmp_path, "--hidden-seed", SECRET]):
         code, printed = course_here(capsys, *argv)
         assert code == 2 and SECRET_ENV in printed and SECRET not in printed, printed
-    for weak in ("4242", "0" * 32, "42" * 16, "0123456789abcdef" * 2):     # short, or typed rather than drawn
+    for weak in ("4242", "0" * 32, "42" * 16, "0123456789abcdef" * 2,        # short, or typed rather than drawn,
+                 "0" * 25 + "1234567", "0123456789abcdeffedcba9876543210", "12345678" * 3 + "12345679"):  # a red team's
         monkeypatch.setenv(SECRET_ENV, weak)
         for argv in (["homework", "--autograder", tmp_path / "b.zip"], ["homework", "--out", tmp_path / "h", "--student",
                                                                         "ana"], ["grade", tmp_path]):
