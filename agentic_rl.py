@@ -1956,7 +1956,10 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
         run = Path(ckpt).parent
         history = [json.loads(line) for line in open(run / "metrics.jsonl")] if (run / "metrics.jsonl").exists() else None
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else None
-        print(f"\nwrote {write_report(html_path or run / 'report.html', policy, tok, cfg, version, history, summary)}")
+        try:
+            print(f"\nwrote {write_report(html_path or run / 'report.html', policy, tok, cfg, version, history, summary)}")
+        except (KeyError, TypeError) as e:  # an edited record: a field missing or of the wrong kind
+            raise ValueError(f"{run}: summary.json or metrics.jsonl lacks or mangles {e}; restore or move it") from None
 
 
 def play(env_id: str, seed: int = 0, split: str = "train", stream=None):

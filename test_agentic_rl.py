@@ -1147,6 +1147,12 @@ def test_show_html_refuses_a_metrics_line_whose_drawn_value_is_not_a_number(defa
     (run / "metrics.jsonl").write_text(json.dumps({**metrics[0], "truncated_by": {"turn_budget": True}}) + "\n")
     with pytest.raises(ValueError, match="line 1: turn_budget is True, not a number"):
         A.curves_html([json.loads(line) for line in open(run / "metrics.jsonl")])
+    (run / "metrics.jsonl").write_text(json.dumps(metrics[0]) + "\n")
+    summary = json.loads((run / "summary.json").read_text())
+    del summary["release_gates"][0]["value"]                                # was a KeyError from gates_html
+    (run / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match="summary.json or metrics.jsonl lacks or mangles 'value'; restore or move it"):
+        A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
 
 
 def test_resume_refuses_a_state_its_history_cannot_have_made_and_a_metrics_file_that_is_not_a_file(default_runs,
