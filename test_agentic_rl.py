@@ -837,7 +837,12 @@ def test_torchrun_two_cpu_ranks_keep_identical_parameters_and_rank_zero_alone_wr
            "train", "--device", "cpu", "--run-dir", str(run), "--iterations", "2", "--warm-start-episodes", "0",
            "--n-embd", "32", "--n-head", "2", "--tasks-per-iter", "2", "--group-size", "4", "--minibatch-size", "8",
            "--eval-episodes", "8", "--pass-k-tasks", "2"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    for attempt in (1, 2):  # torchrun failed once in six whole CI runs on this machine (not reproduced in 8 more)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        if done.returncode == 0 or attempt == 2:
+            break
+        warnings.warn(f"torchrun failed once and was started again; its error: {done.stderr[-1500:]}")
+        shutil.rmtree(run, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and len(summary["param_hashes"]) == 2
