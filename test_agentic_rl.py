@@ -3476,7 +3476,7 @@ class Worker:
             except TimeoutError:
                 raise GradeTimeout() from None
             except (OSError, ValueError, RecursionError) as e:
-                raise WorkerGone(f"it sent a malformed reply ({type(e).__name__})") from None
+                raise WorkerGone(f"it sent a malformed reply ({type(e).__name__}: {str(e)[:200]})") from None
             if reply is None:
                 raise WorkerGone(f"last output: {self.printed() or '(none)'}")
             if not isinstance(reply, dict):
@@ -3692,7 +3692,8 @@ def verdict(e: Exception) -> tuple:
         return "memory limit", f"stopped at the memory limit ({MEMORY_LIMIT >> 20} MiB more than torch itself): " \
                                f"{type(e).__name__}: {e}"
     if isinstance(e, WorkerGone):
-        return "crashes", f"your code ended its process ({e})"
+        return "crashes", f"your code ended its process ({e})" if str(e).startswith("last output") else \
+            f"your code broke the grader's protocol: {e}"
     if isinstance(e, GraderFailure):
         return "grader error", f"the grader failed here, not your code: {e}; tell the course staff"
     return "crashes", f"{type(e).__name__}: {e}" + (" (raised by your code)" if getattr(e, "from_student", 0) else "")
@@ -4805,6 +4806,8 @@ def test_what_a_red_team_broke_holds_now(tmp_path, shared_sandbox):
     assert left == [] or "ipc shared" in report["~sandbox"], "what a worker made there dies with it"
     assert status["sign_test"] == {"crashes"} and "may not ask for" in report["sign_test"]["checks"][0]["message"]
     assert status["returns"] == {"crashes"} and len(json.dumps(report)) < 100_000, "a 40 MB reply is refused"
+    assert "broke the grader's protocol: it sent a malformed reply (ValueError: a frame of" in \
+        report["returns"]["checks"][0]["message"], "and said so"
     assert "\x1b" not in json.dumps(report["gae"]) and "\\x1b" in report["gae"]["checks"][0]["message"]
     (sub / "agentic_rl.py").write_text("x = " + "+".join(["1"] * 200_000) + "\n")   # the compiler's recursion
     shutil.copy(REPO / "envs.py", sub / "envs.py")
