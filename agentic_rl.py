@@ -20,13 +20,13 @@ The file is a reader's path in three parts:
     Part II  · the system   checks, the batched rollout, devices, torchrun and the async actor, the transformer,
                             checkpoints, run directories, resume, the report card, monitors
     Part III · the tools    examples, show, play, compare, bench, pictures (report.html), the CLI
-                            (the course's homework and grade live in test_agentic_rl.py)
+                            (the course's handouts and grader live in course/: python -m course)
 
 "The chapter" is the course chapter on agentic RL that this file follows section by section; E1..E10 are the
 README's exercises; `# BEGIN SOLUTION` .. `# END SOLUTION` mark what a student's handout leaves blank to write.
 Run `python agentic_rl.py` (the demo), `python agentic_rl.py examples` (the worked examples, by the real
-functions), `python agentic_rl.py train --help` (every Config field is a flag), `python -m pytest -q
-test_agentic_rl.py`. Shapes: B episodes in a batch, G group size, K turns, T tokens, V vocabulary, D width.
+functions), `python agentic_rl.py train --help` (every Config field is a flag), `python -m pytest -q`
+(the lesson's tests and the course's). Shapes: B episodes in a batch, G group size, K turns, T tokens, V vocabulary, D width.
 """
 from __future__ import annotations
 
@@ -2347,21 +2347,11 @@ def add_config_flags(parser, only=None):
             parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, help=comments.get(f.name, ""), **kind)
 
 
-COURSE_COMMANDS = {"homework": "write a student handout, or Gradescope's autograder zip",
-                   "grade": "grade a submission in a sandbox against this installation's checks"}
-
-
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in COURSE_COMMANDS:  # they live with the checks they run; a student's handout leaves them out
-        try:
-            import test_agentic_rl as course
-        except ImportError as e:
-            sys.exit(f"agentic_rl.py {argv[0]}: cannot load test_agentic_rl.py beside this file ({e})")
-        if not hasattr(course, "course_main"):
-            sys.exit(f"agentic_rl.py {argv[0]}: this copy is a handout; handouts and grading need the course's "
-                     "installation (the full repository)")
-        return course.course_main(argv)
+    if argv and argv[0] in ("homework", "grade"):  # the course's machinery is a package of its own, never in a handout
+        sys.exit(f"agentic_rl.py {argv[0]}: the course's commands moved: run `python -m course {argv[0]} ...` "
+                 "from the course's repository")
     parser = argparse.ArgumentParser(description="Agentic RL in one file: see the module docstring.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser = functools.partial(sub.add_parser, allow_abbrev=False)  # --seed never silently means --seeds
@@ -2396,8 +2386,6 @@ def main(argv=None):
     p_bench.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds (a smoke test, not figures)")
     p_bench.add_argument("--out", default="runs/bench", help="where bench.json goes (default runs/bench)")
     add_config_flags(p_bench, only=("device",))
-    for name in COURSE_COMMANDS:
-        sub.add_parser(name, help="the course's machinery (test_agentic_rl.py): " + COURSE_COMMANDS[name])
     if not argv or argv[0] not in [*sub.choices, "-h", "--help"]:  # no command: the demo
         argv = ["demo"] + argv
     args, rest = parser.parse_known_args(argv)

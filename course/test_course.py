@@ -1,0 +1,351 @@
+"""What a teaching assistant sees on grading day: a handout that leaks nothing and round-trips, the bundle that
+grades the reference fully and a blank at zero, each student's own seeds and bug, the secret's rules, the
+experiments graded on the runs' own records, and the audit that trains them again."""
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+import agentic_rl as A
+import course
+from course import grading
+from course.bundle import installation_files, write_autograder
+from course.checks import EXPERIMENT_CHECKS, HIDDEN, HIDDEN_CHECKS, hidden_rng
+from course.cli import main as course_main
+from course.conftest import (SECRET, SLOW_SANDBOX, course_command, course_here, installation, normalized,
+                             reference_answers)
+from course.exercises import EXERCISES, EXPERIMENTS, SILENT_BUGS
+from course.grading import (AUDIT_SECONDS, NOT_CHECKED, SUSPICIOUS, exercises, grade, gradescope_results, rerun,
+                            rerun_check, run_check, score, suspicious, unchecked)
+from course.handouts import HANDOUT_FILES, answers_template, plant, solution_regions, write_handout
+from course.ids import MAKE_A_SECRET, SECRET_ENV, answer_key, hidden_seed_of, issued_to, new_handout
+from course.lesson import CLOCK_SETTINGS, README_SEEDS, run_record
+
+
+
+@SLOW_SANDBOX
+def test_a_fresh_handout_scores_zero_leaks_nothing_and_round_trips(tmp_path):
+    out = tmp_path / "handout"
+    assert sorted(write_handout(out)) == sorted(EXERCISES)     # graded at 0 in the autograder test below
+    handout = {name: (out / name).read_text() for name in HANDOUT_FILES}
+    assert "ANSWER -->" not in handout["README.md"]
+    for secret in ("def course_main", "SILENT_BUGS", "def grade(", "REFERENCE", "hidden=True"):
+        assert secret not in handout["test_agentic_rl.py"], f"the handout's tests carry the grader's {secret}"
+    assert json.loads((out / "answers.json").read_text()) == answers_template()
+    code = {name: text.splitlines() for name, text in handout.items()}
+    everything = "\n".join(normalized(line) for lines in code.values() for line in lines
+                           if "raise NotImplementedError(" not in line)          # the stubs state the formulas
+    for name in ("agentic_rl.py", "envs.py"):
+        reference = (course.REPO / name).read_text()
+        ref_lines, out_lines = reference.splitlines(), handout[name].splitlines()
+        compile(handout[name], name, "exec")                                  # the handout parses
+        assert solution_regions(handout[name], name) == {}, "no solution marker is left"
+        rebuilt, regions = list(out_lines), solution_regions(reference, name)
+        for ex, (first, last) in sorted(regions.items(), key=lambda r: -r[1][0]):
+            at = next(i for i, line in enumerate(rebuilt) if line.strip() == f"# TODO({ex}): replace this raise with your implementation")
+            rebuilt[at:at + 2] = ref_lines[first:last + 1]
+            for line in ref_lines[first + 1:last]:                            # no solution line survives anywhere
+                if len(normalized(line)) >= 14 and not normalized(line).startswith(("with ", "for ")):  # not loop heads
+                    assert normalized(line) not in everything, f"{ex}: solution line leaked: {line.strip()}"
+        assert rebuilt == ref_lines, f"{name}: filling every blank must give back the reference exactly"
+    tells = (("clamp(1 - ", "clip"), ("d.exp() ", "- d"), ("gamma * lam ", "* run"), ("r[k] + ", "gamma"))
+    for tell in ("".join(pieces) for pieces in tells):                    # joined here, so this file does not match
+        assert tell not in everything, f"tell-tale solution expression in the handout: {tell}"
+    assert (out / ".ci" / "run").stat().st_mode & 0o111, "the CI script stays executable"
+    again = subprocess.run([sys.executable, "agentic_rl.py", "homework", "--out", tmp_path / "h2"], cwd=out,
+                           capture_output=True, text=True)
+    assert again.returncode == 1 and "python -m course homework" in again.stderr, again.stderr
+    assert not (out / "course").exists() and course_command("homework", "--out", tmp_path / "h3", cwd=out).returncode
+    ours = {normalized(line) for p in (course.REPO / "course").glob("*.py") for line in p.read_text().splitlines()}
+    ours -= {normalized(line) for name in HANDOUT_FILES for line in (course.REPO / name).read_text().splitlines()}
+    theirs = {normalized(line) for lines in code.values() for line in lines}
+    assert not [line for line in ours & theirs if len(line) >= 30], "a handout holds nothing of course/"
+    planted = tmp_path / "planted"
+    write_handout(planted, silent_bug="one_group_per_batch", hidden_seed=SECRET, student="Ana@uni.example")
+    text = (planted / "agentic_rl.py").read_text()
+    assert SILENT_BUGS["one_group_per_batch"][3] in text and "one_group_per_batch" not in text
+    assert "SILENT BUG" not in (planted / "test_agentic_rl.py").read_text()
+    answers = json.loads((planted / "answers.json").read_text())
+    assert issued_to(answers["handout"], SECRET, ["ana@uni.example "]) == ("ana@uni.example ", "one_group_per_batch")
+    assert issued_to(answers["handout"], "0" * 32, ["ana@uni.example"]) is None
+    assert answer_key(answers, SECRET, ["ana@uni.example"], None)["seeds"] == answers["seeds"] and \
+        not set(answers["seeds"]) & set(README_SEEDS), "the seeds the handout names are the grader's, not the README's"
+    for bad, match in [(dict(out=out), "not empty"), (dict(out=course.REPO / "in-place"), "outside"),
+                       (dict(out=tmp_path / "o", only=["nope"]), "unknown exercise"),
+                       (dict(out=tmp_path / "file" / "x"), "--out")]:
+        (tmp_path / "file").write_text("")
+        with pytest.raises(ValueError, match=match):
+            write_handout(**bad)
+
+
+@SLOW_SANDBOX
+def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zero_and_fails_loudly(tmp_path):
+    import zipfile
+    bundle = tmp_path / "autograder.zip"
+    write_autograder(bundle, silent_bug="ratio_always_one", hidden_seed=SECRET)
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(bundle) as z:
+        assert set(z.namelist()) == {"setup.sh", "run_autograder", "silent_bug.txt", "hidden_seed.txt",
+                                     *installation_files()} and "course/sandbox.py" in z.namelist()
+        assert not [name for name in z.namelist() if "test_" in name and name != "test_agentic_rl.py"]
+        setup = z.read("setup.sh").decode()
+        assert "torch==2.13.0" in setup and "go-rwx" in setup and "useradd" in setup and "--break-system-packages\"" in setup
+        z.extractall(root / "source")
+    (root / "results").mkdir()
+    (root / "submission_metadata.json").write_text(json.dumps({"users": [{"email": "ana@uni.example", "id": 1}]}))
+    run = (root / "source" / "run_autograder").read_text().replace("/autograder/", f"{root}/")
+    assert run.count("python3 -m course") == 1, "the script runs the grader with Gradescope's python3"
+    run = run.replace("python3 -m course", f"{shlex.quote(sys.executable)} -m course")   # here: this test's
+    reference, handout = root / "reference", root / "handout"
+    reference.mkdir()
+    for name in ("agentic_rl.py", "envs.py"):
+        shutil.copy(course.REPO / name, reference / name)
+    handout_id, seeds = new_handout(SECRET, "ana@uni.example", "ratio_always_one")      # the submitter's own
+    (reference / "answers.json").write_text(json.dumps(reference_answers(seeds, handout_id)))
+    write_handout(handout)
+    scores = {}
+    for name, submission in (("reference", reference), ("handout", handout)):
+        done = subprocess.run(["bash", "-c", run.replace(f"{root}/submission ", f"{submission} ")], capture_output=True,
+                              text=True)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        scores[name] = json.loads((root / "results" / "results.json").read_text())
+    total = sum(points for points, _ in EXERCISES.values()) + sum(EXPERIMENTS.values())
+    assert scores["reference"]["score"] == pytest.approx(total) and scores["handout"]["score"] == 0
+    for name, results in scores.items():                             # Gradescope's results.json format
+        assert set(results) >= {"score", "execution_time", "output", "visibility", "stdout_visibility", "tests"}
+        assert len(results["tests"]) == 2 * (len(EXERCISES) + len(EXPERIMENTS))
+        for t in results["tests"]:
+            assert set(t) >= {"name", "score", "max_score", "number", "output", "visibility"}
+            assert t["visibility"] in ("visible", "after_published")
+            assert (t["score"] == t["max_score"]) if name == "reference" else t["score"] == 0
+            assert t["max_score"] == pytest.approx(0.5 * dict(EXERCISES, **{k: (v,) for k, v in EXPERIMENTS.items()})[
+                t["name"].split()[0]][0]), "visible and hidden checks carry half the points each"
+    (root / "source" / "agentic_rl.py").write_text("import sys\nsys.exit(7)\n")   # a grader that writes nothing
+    done = subprocess.run(["bash", "-c", run.replace(f"{root}/submission ", f"{handout} ")], capture_output=True, text=True)
+    assert done.returncode == 1 and "wrote no results.json" in done.stderr
+    write_autograder(tmp_path / "two.zip", only=["gae", "clock"])
+    with zipfile.ZipFile(tmp_path / "two.zip") as z:
+        assert "--only gae,clock" in z.read("run_autograder").decode() and "hidden_seed.txt" not in z.namelist()
+
+
+@pytest.mark.parametrize("exercise, name, check_fn, hidden", HIDDEN_CHECKS, ids=[f"{c[0]}-{c[1]}" for c in HIDDEN_CHECKS])
+def test_the_hidden_checks_pass_on_the_reference(exercise, name, check_fn, hidden):
+    check_fn(A)                      # the public default's inputs here; a course's secret draws others when grading
+
+
+def test_hidden_inputs_come_from_the_course_secret():
+    draws = {}
+    for secret in ("", "one", "two"):
+        HIDDEN["seed"] = hidden_seed_of(secret)
+        draws[secret] = hidden_rng(41).integers(0, 10**9, size=4).tolist()
+    HIDDEN["seed"] = 0
+    assert len({tuple(d) for d in draws.values()}) == 3, "each course's secret draws its own hidden inputs"
+    assert hidden_seed_of("") == 0 and hidden_seed_of(None) == 0
+
+
+def settings_of(record) -> dict:
+    """A record's settings as the audit passes them to rerun(): the seed and those that differ from the defaults."""
+    defaults = asdict(A.Config())
+    return {k: v for k, v in record["summary"]["config"].items()
+            if k in defaults and k not in ("run_dir", "device") and (k == "seed" or v != defaults[k])}
+
+
+TINY_FLAGS = ["--device", "cpu", "--warm-start-episodes", "0", "--iterations", "1", "--tasks-per-iter", "2",
+              "--group-size", "2", "--eval-episodes", "4", "--pass-k-tasks", "2", "--n-embd", "32", "--n-head", "2"]
+
+
+@SLOW_SANDBOX
+def test_a_rerun_reproduces_a_real_record_and_trains_the_code_of_the_records_handout(tmp_path, monkeypatch):
+    A.main(["train", *TINY_FLAGS, "--run-dir", str(tmp_path / "run")])    # a real run, in this process
+    record = run_record(tmp_path / "run")
+    assert rerun_check("clock.runs.value_zero[0]", record, settings_of(record), None, 300)["status"] == "passed", \
+        "a real record reproduces (trained again for real, with the reference)"
+    trained = {}
+
+    def train(argv, **kwargs):             # where a rerun with the handout's bug trains: what code, and a run
+        trained["code"] = Path(argv[1]).read_text()
+        shutil.copytree(tmp_path / "run", argv[argv.index("--run-dir") + 1])
+    monkeypatch.setattr(subprocess, "run", train)
+    rerun(settings_of(record), 300, bug="ratio_always_one")
+    assert trained["code"] == plant((course.REPO / "agentic_rl.py").read_text(), "ratio_always_one") != \
+        (course.REPO / "agentic_rl.py").read_text(), "a record made with the bug is trained again with the bug"
+
+
+def answers_folder(tmp_path, answers, name="sub") -> Path:
+    """A submission holding only answers.json (the experiments read nothing else)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "answers.json").write_text(json.dumps(answers))
+    return folder
+
+
+def trained_again(answers, bug, dev=None):
+    """A stand-in for rerun(), which trains for minutes: the record in `answers` made with the settings (and
+    the bug) asked for, given back as a real rerun on this machine gives it, or with another dev success
+    (E8's fixed CodeRepair runs have the settings of E3's value_zero runs: here, the same records)."""
+    made = {(json.dumps(settings_of(r), sort_keys=True), b): r for records, b in
+            [(answers["silent_bug_runs"], bug), (answers["silent_bug_fixed_runs"], None),
+             *[(records, None) for records in answers["clock"]["runs"].values()]] for r in records}
+
+    def rerun(settings, seconds, bug=None):
+        record = made[json.dumps(settings, sort_keys=True), bug]
+        return {"summary": {"warm_start": record["summary"]["warm_start"], "candidate": {
+            "dev_success": record["summary"]["candidate"]["dev_success"] if dev is None else dev}},
+            "metrics": record["metrics"]}
+    return rerun
+
+
+def test_the_audit_reruns_e3_and_e8_and_a_rerun_it_cannot_finish_costs_nothing(tmp_path, monkeypatch, shared_sandbox):
+    answers = reference_answers()
+    submission, experiments = answers_folder(tmp_path, answers), dict(only=["clock", "silent_bug"],
+                                                                       silent_bug="ratio_always_one", rerun_seconds=60)
+
+    def cannot_finish(settings, seconds, bug=None):
+        raise subprocess.TimeoutExpired("train", seconds)
+    monkeypatch.setattr(grading, "rerun", cannot_finish)
+    report = exercises(grade(submission, **experiments))
+    for ex, row in report.items():
+        assert score(row) == (EXPERIMENTS[ex], EXPERIMENTS[ex]) and unchecked(row) and not suspicious(row), row
+    results = {t["name"]: t for t in gradescope_results(report, 1.0)["tests"]}
+    assert NOT_CHECKED in results["clock (hidden checks)"]["output"] and SUSPICIOUS not in json.dumps(results)
+    monkeypatch.setattr(grading, "rerun", trained_again(answers, "ratio_always_one"))
+    report = exercises(grade(submission, **experiments))
+    reruns = {ex: [c["status"] for c in row["checks"] if c["name"].startswith("rerun_of_")] for ex, row in report.items()}
+    assert reruns == {"clock": ["passed"] * 12, "silent_bug": ["passed"] * 12}, "quick reruns: every record, in turn"
+    monkeypatch.setattr(grading, "rerun", trained_again(answers, "ratio_always_one", dev=0.5))
+    report = exercises(grade(submission, **experiments))
+    assert all(score(row)[0] < EXPERIMENTS[ex] and suspicious(row) for ex, row in report.items()), \
+        "a record that a rerun does not reproduce costs its check"
+
+
+def test_each_student_has_their_own_seeds_and_bug_and_the_readmes_numbers_score_zero(tmp_path, capsys, monkeypatch,
+                                                                                       shared_sandbox):
+    write_handout(tmp_path / "alice", only=["kl_k3"], silent_bug="ratio_always_one", hidden_seed=SECRET,
+                  student="alice@uni.example")
+    issued = json.loads((tmp_path / "alice" / "answers.json").read_text())
+    honest = reference_answers(issued["seeds"], issued["handout"])       # records of runs made with her seeds
+    copied = reference_answers(README_SEEDS, issued["handout"])          # the README's numbers, its seeds 0, 1, 2
+    forged = dict(honest, handout=issued["handout"][:-1] + ("0" if issued["handout"][-1] != "0" else "1"))
+
+    def total(name, answers, *students) -> float:
+        report = grade(answers_folder(tmp_path, answers, name), only=["clock", "silent_bug"], hidden_seed=SECRET,
+                       students=students)
+        return sum(score(row)[0] for row in exercises(report).values())
+    assert total("honest", honest, "Alice@uni.example") == sum(EXPERIMENTS.values())
+    assert total("copied", copied, "alice@uni.example") == 0, "the README's records answer nobody's seeds"
+    assert total("forged", forged, "alice@uni.example") == 0
+    bobs_id, bobs_seeds = new_handout(SECRET, "bob@uni.example", "ratio_always_one")
+    assert total("bobs_id", dict(honest, handout=bobs_id), "bob@uni.example") == 0, "her records answer his id's seeds"
+    assert total("bobs_own", reference_answers(bobs_seeds, bobs_id), "bob@uni.example") == sum(EXPERIMENTS.values())
+    monkeypatch.setenv(SECRET_ENV, SECRET)                  # bob hands in alice's id, bug and records
+    code, printed = course_here(capsys, "grade", answers_folder(tmp_path, honest, "bob"), "--only", "clock,silent_bug",
+                                "--student", "bob@uni.example", "--json", tmp_path / "bob.json")
+    bob = json.loads((tmp_path / "bob.json").read_text())
+    assert code == 1 and bob["score"] == 0 and "no handout id issued to you" in printed
+    assert "silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not" in printed
+    with pytest.raises(ValueError, match="--student NAME"):
+        total("nobody", honest)                             # an id, and nobody to check it against
+
+
+def test_a_weak_secret_or_one_on_the_command_line_is_refused_saying_how_to_make_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    for argv in (["homework", "--autograder", tmp_path / "a.zip", "--hidden-seed", SECRET],
+                 ["grade", tmp_path, "--hidden-seed", SECRET]):
+        code, printed = course_here(capsys, *argv)
+        assert code == 2 and SECRET_ENV in printed and SECRET not in printed, printed
+    for weak in ("4242", "0" * 32, "42" * 16, "0123456789abcdef" * 2,        # short, or typed rather than drawn,
+                 "0" * 25 + "1234567", "0123456789abcdeffedcba9876543210", "12345678" * 3 + "12345679"):  # a red team's
+        monkeypatch.setenv(SECRET_ENV, weak)
+        for argv in (["homework", "--autograder", tmp_path / "b.zip"], ["homework", "--out", tmp_path / "h", "--student",
+                                                                        "ana"], ["grade", tmp_path]):
+            code, printed = course_here(capsys, *argv)
+            assert code == 2 and "128 bits" in printed and MAKE_A_SECRET in printed and weak not in printed, printed
+    assert not (tmp_path / "b.zip").exists() and not (tmp_path / "h").exists()
+
+
+def test_the_bundle_audits_the_experiments_by_default(tmp_path, capsys, monkeypatch):
+    """Gradescope never passes flags of its own: the bundle's run_autograder carries the audit's seconds."""
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    course_main(["homework", "--autograder", str(tmp_path / "a.zip")])
+    printed = capsys.readouterr().out
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "a.zip") as z:
+        assert f"--rerun {AUDIT_SECONDS:g}" in z.read("run_autograder").decode() and "timeout" in printed, printed
+    code, printed = course_here(capsys, "homework", "--out", tmp_path / "h", "--student", "ana", "--rerun", "5")
+    assert code == 2 and "--rerun" in printed and not (tmp_path / "h").exists(), printed
+
+
+def test_homework_from_a_grading_installation_says_what_it_lacks(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(course, "REPO", installation(tmp_path))   # as the bundle's setup.sh lays it out
+    code, printed = course_here(capsys, "homework", "--out", tmp_path / "handout")
+    assert code == 2 and "README.md" in printed and "full copy of the course's repository" in printed, printed
+    assert not (tmp_path / "handout").exists()
+
+
+def test_experiments_are_graded_on_the_runs_own_records():
+    key = {"silent_bug": "ratio_always_one", "seeds": README_SEEDS, "why": ""}
+    run = lambda answers, key=key: {name: run_check(fn, answers, key) for _, name, fn, _ in EXPERIMENT_CHECKS}
+    assert {s for s, _ in run(reference_answers()).values()} == {"passed"}
+    renamed = dict(reference_answers(), silent_bug="one_group_per_batch")
+    assert {s for s, _ in run(renamed).values()} == {"passed"}, "naming the bug earns nothing: the runs do"
+    assert run(reference_answers(), dict(key, silent_bug="one_group_per_batch"))[
+        "silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not"][0] == "wrong"
+    records = "clock_numbers_are_your_runs_own_records", "silent_bug_answer_carries_the_runs_before_and_after_the_fix"
+    for change, failing, said in [
+            (lambda a: a["clock"]["value_zero"].__setitem__(1, 0.9), records[0], "dev_success"),
+            (lambda a: a["clock"]["runs"]["bootstrap_budget"][0]["summary"]["config"].update(bootstrap_budget=False),
+             records[0], "bootstrap_budget"),
+            (lambda a: a["clock"]["runs"]["value_zero"][2]["summary"]["config"].update(iterations=10), records[0],
+             "iterations"),
+            (lambda a: a["clock"]["runs"]["value_zero"][0]["summary"]["config"].update(eval_every="x"), records[0],
+             "eval_every"),                                 # not a grader error in the audit: refused here, by name
+            (lambda a: a["silent_bug_fixed_runs"][4]["summary"]["config"].update(eval_every=1), records[1],
+             "eval_every"),                                 # legal, and a rerun would evaluate every iteration
+            (lambda a: a["silent_bug_runs"][1]["summary"]["candidate"].update(dev_success="1.0"), records[1],
+             "dev_success"),
+            (lambda a: a.update(silent_bug_evidence="clip_frac and approx_kl stay where they should not be in every "
+                                                    "single run that I made with this handout, which shows the bug"),
+             records[1], "silent_bug_evidence"),
+            (lambda a: a.update(silent_bug_evidence=a["silent_bug_evidence"].replace("exactly 0", "exactly 0.25")
+                                .replace("seed 0, seed 1 and seed 2", "seeds A, B, C").replace("0.0015", "")),
+             "silent_bug_evidence_quotes_the_runs_numbers", "quotes no value"),
+            (lambda a: [m.update(clip_frac=0.002) for r in a["silent_bug_runs"] for m in r["metrics"]],
+             "silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not", "do not show"),
+            (lambda a: [m.update(clip_frac=0.0, approx_kl=0.0) for r in a["silent_bug_fixed_runs"] for m in r["metrics"]],
+             "silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not", "not fixed")]:
+        answers = reference_answers()
+        change(answers)
+        verdicts = run(answers)
+        assert verdicts[failing][0] == "wrong" and said in verdicts[failing][1], (failing, verdicts)
+    sprayed = reference_answers()                    # a list of every value would match any run
+    sprayed["silent_bug_evidence"] += " " + " ".join(f"{x / 100:.2f}" for x in range(101))
+    assert run(sprayed)["silent_bug_evidence_quotes_the_runs_numbers"][0] == "wrong"
+    effect = "clock_numbers_show_the_effect_the_reference_runs_show"
+
+    def from_warm_start(answers, pairs, warm, dev=None):  # these (setting, seed) runs start from this warm start
+        for setting, i in pairs:
+            answers["clock"]["runs"][setting][i]["summary"]["warm_start"]["dev_success"] = warm
+            if dev is not None:
+                answers["clock"][setting][i] = answers["clock"]["runs"][setting][i]["summary"]["candidate"][
+                    "dev_success"] = dev
+        return answers
+    stalled = from_warm_start(reference_answers(), [("value_zero", 0), ("bootstrap_budget", 0)], 0.125, 0.11)
+    assert run(stalled)[effect][0] == "passed", "a seed whose warm start cannot repair says nothing about the clock"
+    weak = reference_answers()
+    for setting in CLOCK_SETTINGS:
+        from_warm_start(weak, [(setting, i) for i in range(3)], 0.1, 0.1)
+    assert run(weak)[effect][0] == "not checked" and score({"points": 20, "checks": [
+        {"hidden": False, "status": "passed"}, {"hidden": True, "status": run(weak)[effect][0]}]}) == (20, 20)
+    assert "differ in warm start" in run(from_warm_start(reference_answers(), [("value_zero", 1)], 0.4))[effect][1]
+    stalled_fixed = reference_answers()                 # CodeRepair fixed runs that stall from a weak warm start
+    for r in stalled_fixed["silent_bug_runs"][3:] + stalled_fixed["silent_bug_fixed_runs"][3:5]:
+        [m.update(truncation_rate=0.6) for m in r["metrics"]]
+    for r in stalled_fixed["silent_bug_fixed_runs"][3:5]:
+        r["summary"]["warm_start"]["dev_success"] = 0.125
+    bootstrapped = run(stalled_fixed, dict(key, silent_bug="budget_bootstrapped"))
+    assert bootstrapped["silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not"][0] == "not checked"
