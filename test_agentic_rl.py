@@ -1704,10 +1704,10 @@ def test_no_page_runs_markup_planted_in_the_files_it_draws(default_runs, tmp_pat
 # BEGIN HOMEWORK CHECKS: the checks (the grader compiles these blocks alone: course/lesson.py)
 # ------------------------------------------------------------------------------------------------
 # Homework checks. One table, run two ways: here by pytest (`-m homework`, in this process), and by
-# `python agentic_rl.py grade DIR`, which calls a submission's code in a process of its own and runs
-# every check in the grader's process. A check gets `m`, the module under test: agentic_rl itself, or
-# the student's, seen through the grader. Each uses hand-computed numbers and properties of its own
-# piece only; hidden checks (kept out of handouts) use other inputs and compare with the reference, A.
+# the course's grader (`python -m course grade DIR`), which calls a submission's code in a process of its
+# own and runs every check in the grader's process. A check gets `m`, the module under test: agentic_rl
+# itself, or the student's, seen through the grader. Each uses hand-computed numbers and properties of its
+# own piece only; the hidden checks (course/checks.py) use other inputs and compare with the reference.
 # Messages say what was called, what was expected and what was obtained, in full.
 # ------------------------------------------------------------------------------------------------
 HOMEWORK, EXPERIMENT_CHECKS = [], []
