@@ -104,8 +104,11 @@ MONITOR_KEYS = {"success", "reward", "turns", "truncation_rate", "clip_frac", "a
 warnings.filterwarnings("ignore", category=pytest.PytestUnknownMarkWarning)
 
 
+# ################################################################################################
+# PART I · THE LOOP
+# ################################################################################################
 # ------------------------------------------------------------------------------------------------
-# envs.py: the flight-booking environment
+# 01 · Environment & trajectory contract: the environments (reset, step, budgets, oracles)
 # ------------------------------------------------------------------------------------------------
 def test_check_env_passes_on_registered_env():
     check_env(gym.make(envs.ENV_ID).unwrapped, skip_render_check=True)
@@ -217,348 +220,6 @@ def test_turn_budget_truncates_and_booking_terminates():
     assert env.step(f"book {flight} {t['passenger']} {t['class']}")[2] is True
 
 
-# ------------------------------------------------------------------------------------------------
-# 01 · Environment & trajectory contract: host gate, rollout
-# ------------------------------------------------------------------------------------------------
-def test_host_gate_allow_and_deny_rules():
-    env = gym.make(envs.ENV_ID)             # wrapped env is accepted
-    _, info = env.reset(seed=5)
-    t = info["task"]
-    gate = A.HostGate.for_env(env)
-    assert gate.authorize(f"search {t['from']} {t['to']}").allowed
-    assert gate.authorize("Search OSL ROM").reason == "unknown_tool"          # case-sensitive
-    assert gate.authorize("fly F1").reason == "unknown_tool"
-    assert gate.authorize("").reason == "unknown_tool"
-    assert gate.authorize("search OSL").reason == "bad_arguments"             # arity
-    assert gate.authorize("seats OSL").reason == "bad_arguments"              # kind
-    assert gate.authorize("filter morning").allowed
-    other = next(p for p in envs.PASSENGERS if p != t["passenger"])
-    assert gate.authorize(f"book F1 {other} {t['class']}").reason == "wrong_passenger"
-    assert gate.authorize(f"book F1 {t['passenger']} {t['class']}").allowed
-    gate.executed.append(("book", ["F1", t["passenger"], t["class"]], "booked F1"))   # as host_step records it
-    assert gate.authorize(f"book F2 {t['passenger']} {t['class']}").reason == "second_booking"
-    assert gate.authorize("finish").allowed
-    raw_gate = A.HostGate.for_env(env.unwrapped)                              # raw env too
-    assert raw_gate.task == t
-    assert gate.denials["unknown_tool"] == 3 and gate.denials["second_booking"] == 1
-
-
-def test_host_gate_turn_budget_and_denied_actions_are_not_executed():
-    env = gym.make(envs.ENV_ID, max_turns=2)
-    _, info = env.reset(seed=5)
-    gate = A.HostGate.for_env(env)
-    other = next(p for p in envs.PASSENGERS if p != info["task"]["passenger"])
-    obs, reward, terminated, truncated, step_info, decision = A.host_step(env, gate, f"book F1 {other} economy")
-    assert not decision.allowed and obs == "denied : wrong_passenger 1 left" and not terminated and not truncated
-    assert env.unwrapped.state.bookings == [] and step_info["receipt"] == {"denied": "wrong_passenger"}
-    assert env.unwrapped.state.turns == gate.turns == 1, "a denial spends a turn of the task's clock, executes nothing"
-    obs, *_, truncated, step_info, decision = A.host_step(env, gate, "filter morning")
-    assert decision.allowed and truncated and step_info["truncated_by"] == "turn_budget"   # budget spent
-    obs, _, terminated, truncated, step_info, _ = A.host_step(env, gate, "finish")   # after the budget the env
-    assert obs.startswith("error : episode over") and step_info["receipt"]["tool"] == "none" and truncated  # runs nothing
-    with pytest.raises(ValueError, match="reset"):
-        A.HostGate.for_env(gym.make(envs.ENV_ID).unwrapped)
-
-
-def test_gate_denial_words_are_in_the_vocabulary():
-    assert all(w in TOK.stoi for w in ("denied",) + A.HOST_RULES + FLIGHT.safety_rules)
-    assert not hasattr(A.HostGate, "budget_spent") and "turn_budget" not in A.HOST_RULES, "the budget is the env's"
-    env = gym.make(envs.ENV_ID)
-    for seed in range(30):
-        obs, _ = env.reset(seed=seed)
-        demo = envs.FlightDemonstrator(0.0, seed=seed)
-        demo.reset(obs)
-        done = False
-        while not done:
-            assert TOK.unk not in TOK.encode_observation(obs), obs
-            obs, _, terminated, truncated, _ = env.step(demo.act(obs))
-            done = terminated or truncated
-
-
-def test_rollout_records_the_trajectory_contract():
-    A.seed_everything(0)
-    cfg = tiny_config()
-    policy = A.make_policy(cfg, len(TOK), "cpu")
-    episodes, env_list = A.rollout(policy, TOK, cfg, [1, 1, 2], "train", greedy=False, policy_version=3,
-                                   group_ids=[0, 0, 1])
-    assert len({ep.episode_id for ep in episodes}) == 3
-    for ep, env in zip(episodes, env_list):
-        assert ep.policy_version == 3 and ep.split == "train" and ep.env_version == FLIGHT.env_version
-        assert ep.terminated != ep.truncated                        # exactly one way to end
-        for turn in ep.turns:
-            assert len(turn.action_logprobs) == len(turn.action_tokens) <= cfg.max_action_tokens
-            assert turn.obs_tokens[0] == TOK.obs and turn.obs_tokens[-1] == TOK.act
-            assert turn.policy_version == 3
-        assert sum(len(t.obs_tokens) + len(t.action_tokens) for t in ep.turns) <= cfg.block_size
-    assert episodes[0].task_id == episodes[1].task_id                 # same seed, same task (a group)
-
-
-@pytest.mark.parametrize("env_id, block_sizes", [(envs.FLIGHT_ID, [192]), (envs.VAULT_ID, range(58, 80))])
-def test_play_episode_and_the_batched_rollout_give_the_same_episodes(env_id, block_sizes):
-    """Part I's one-episode loop is what training's lockstep, KV-cached rollout computes: for the same seeds the same
-    observations, sampled ids, gate verdicts, rewards and cuts (the token budget at every block size around a cut),
-    and log-probs equal to float precision."""
-    A.seed_everything(0)
-    cfg, tok = tiny_config(env=env_id), A.make_tokenizer(env_id)
-    policy = A.make_policy(cfg, len(tok), "cpu")
-    with torch.no_grad():                                    # a sharper policy than the init: varied greedy actions
-        policy.lm_head.weight.mul_(40)
-    seeds, cuts = [3, 4, 5, 6], Counter()
-    for block_size in block_sizes:
-        cfg = replace_cfg(cfg, block_size=block_size)
-        batched, _ = A.rollout(policy, tok, cfg, seeds, "train", greedy=True, policy_version=2)
-        for seed, fast in zip(seeds, batched):
-            one, _ = A.play_episode(policy, tok, cfg, seed, "train", greedy=True, policy_version=2)
-            assert (one.task_id, one.truncated_by, one.final_obs_tokens) == (fast.task_id, fast.truncated_by,
-                                                                            fast.final_obs_tokens)
-            assert len(one.turns) == len(fast.turns)
-            for a, b in zip(one.turns, fast.turns):
-                assert (a.obs_tokens, a.action_tokens, a.gate_reason, a.reward, a.truncated) == \
-                    (b.obs_tokens, b.action_tokens, b.gate_reason, b.reward, b.truncated)
-                assert a.action_logprobs == pytest.approx(b.action_logprobs, abs=1e-4)
-            cuts[fast.truncated_by, len(fast.turns)] += 1
-    assert all(turns > 1 for _, turns in cuts)
-    assert env_id == envs.FLIGHT_ID or len({turns for _, turns in cuts}) > 2    # the cut moves with the block size
-    sampled, _ = A.play_episode(policy, tok, cfg, 7, "train", greedy=False, policy_version=0,
-                                generator=torch.Generator().manual_seed(0))
-    b = A.pack([sampled], tok, cfg.block_size)               # its stored log-probs are the policy's, token by token
-    with torch.no_grad():
-        recomputed, _ = A.token_logprobs(policy(b["tokens"])[0], b["tokens"])
-    m = b["action_mask"].bool()
-    assert torch.allclose(recomputed[m], b["old_logprobs"][m], atol=1e-5)
-
-
-# ------------------------------------------------------------------------------------------------
-# 02 · Gradient masks
-# ------------------------------------------------------------------------------------------------
-def test_worked_examples_exactly():
-    ex = A.worked_examples()
-    assert ex["mask_tokens"] == 180 and ex["mask_sum"] == 60
-    assert ex["returns"] == pytest.approx([0.729, 0.81, 0.9, 1.0], abs=1e-6)
-    assert ex["grpo_advantages"] == pytest.approx([1, -1, -1, 1], abs=1e-4)
-
-
-def test_sampled_logprobs_match_a_full_forward_recompute():
-    A.seed_everything(1)
-    cfg = tiny_config()
-    policy = A.make_policy(cfg, len(TOK), "cpu")
-    episodes, _ = A.rollout(policy, TOK, cfg, list(range(6)), "train", greedy=False, policy_version=0)
-    b = A.pack(episodes, TOK, cfg.block_size)
-    with torch.no_grad():
-        recomputed, _ = A.token_logprobs(policy(b["tokens"])[0], b["tokens"])
-    m = b["action_mask"].bool()
-    assert m.sum() > 20
-    assert torch.allclose(recomputed[m], b["old_logprobs"][m], atol=1e-5)
-
-
-# ------------------------------------------------------------------------------------------------
-# 03 · Credit assignment
-# ------------------------------------------------------------------------------------------------
-
-
-def test_broadcast_per_episode_and_per_turn():
-    turn_id = torch.tensor([[-1, 0, 0, -1, 1, -1], [-1, 0, -1, -1, -1, -1]])
-    per_episode = A.broadcast_to_tokens(torch.tensor([2.0, -1.0]), turn_id)
-    assert per_episode.tolist() == [[0, 2, 2, 0, 2, 0], [0, -1, 0, 0, 0, 0]]
-    per_turn = A.broadcast_to_tokens(torch.tensor([[0.5, 0.7], [0.3, 9.0]]), turn_id)
-    assert torch.allclose(per_turn, torch.tensor([[0, .5, .5, 0, .7, 0], [0, .3, 0, 0, 0, 0]]))
-
-
-@pytest.mark.parametrize("call, match", [
-    (lambda: A.discounted_returns([0, 1], gamma=1.5), "gamma"),
-    (lambda: A.gae([0, 1], [0, 0], 0.0, True, gamma=0.9, lam=-0.1), "lam"),
-    (lambda: A.gae([0, 1], [0, 0, 0], 0.0, True, 0.9, 0.9), "same length"),
-    (lambda: A.group_advantages([1, 0], std="bessel"), "std"),
-    (lambda: A.group_advantages([1.0]), "groups of at least 2"),
-    (lambda: A.discounted_returns("abc", 0.9), "rewards"),
-    (lambda: A.discounted_returns([0, float("nan")], 0.9), "NaN"),
-    (lambda: A.ppo_clip_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3)), "shapes"),
-    (lambda: A.ppo_clip_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2)), "mask"),
-    (lambda: A.kl_k3(torch.zeros(3), torch.zeros(4)), "shapes"),
-])
-def test_bad_input_raises_a_named_value_error(call, match):
-    with pytest.raises(ValueError, match=match):
-        call()
-
-
-# ------------------------------------------------------------------------------------------------
-# 04 · Objectives
-# ------------------------------------------------------------------------------------------------
-
-
-# ------------------------------------------------------------------------------------------------
-# 05 · Training system: trajectory store, determinism
-# ------------------------------------------------------------------------------------------------
-
-
-def test_store_counts_stale_episodes_under_async_and_never_trains_on_them():
-    store = A.TrajectoryStore(max_staleness=1, vocab_size=len(TOK))
-    store.add_all([make_episode("fresh", version=4), make_episode("old", version=2)], current_version=5)
-    assert [ep.episode_id for ep in store.take()] == ["fresh"] and store.refused_stale == 1
-    assert store.staleness == {1: 1}
-    with pytest.raises(ValueError, match="duplicate"):                # any other refusal still stops training
-        store.add_all([make_episode("fresh", version=5)], current_version=5)
-
-
-def one_iteration(policy, opt, cfg, store=None, version=0):
-    episodes = A.collect(policy, TOK, cfg, version, 0)
-    return A.learn(policy, opt, None, TOK, cfg, store or A.TrajectoryStore(0, len(TOK)), A.GradMonitor(), episodes, version)
-
-
-def first_iteration_metrics(seed):
-    cfg = tiny_config(seed=seed)
-    A.seed_everything(seed)
-    policy = A.make_policy(cfg, len(TOK), "cpu")
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
-    return {k: v for k, v in one_iteration(policy, opt, cfg).items() if k != "learner_seconds"}  # the clock's own
-
-
-def test_same_seed_same_first_iteration_metrics():
-    first = first_iteration_metrics(3)
-    assert first == first_iteration_metrics(3)
-    assert first != first_iteration_metrics(4)
-
-
-def test_gae_algorithm_runs_an_update_with_a_value_loss():
-    cfg = tiny_config(algo="gae", gamma=0.95)
-    A.seed_everything(0)
-    policy = A.make_policy(cfg, len(TOK), "cpu")
-    before = policy.value_head.weight.detach().clone()
-    opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    m = one_iteration(policy, opt, cfg)
-    assert m["zero_std_groups"] is None and math.isfinite(m["approx_kl"])
-    assert not torch.equal(before, policy.value_head.weight)       # the critic was trained
-
-
-def test_config_is_checked():
-    for bad, match in [(dict(lr=float("inf")), "finite"), (dict(kl_coef=float("nan")), "finite"),
-                       (dict(eval_seed=-1), "eval_seed"), (dict(gamma=0.9), "only used with algo"),
-                       (dict(env=envs.VAULT_ID, injection_rate=0.5), "only used with env"),
-                       (dict(iterations=2.5), "iterations"), (dict(max_turns=1), "max_turns")]:
-        with pytest.raises(ValueError, match=match):
-            A.validate_config(tiny_config(**bad))
-    with pytest.raises(ValueError, match="group_size"):
-        A.validate_config(tiny_config(group_size=1))
-    with pytest.raises(ValueError, match="algo"):
-        A.validate_config(tiny_config(algo="ppo2"))
-    with pytest.raises(SystemExit):
-        A.main(["train", "--no-such-flag", "1"])
-    with pytest.raises(SystemExit):
-        A.main(["train", "--iterations", "many"])
-
-# ------------------------------------------------------------------------------------------------
-# 07 · Evaluation & promotion
-# ------------------------------------------------------------------------------------------------
-
-
-def test_wilson_interval():
-    lo, hi = A.wilson_interval(50, 100)
-    assert lo == pytest.approx(0.4038, abs=1e-3) and hi == pytest.approx(0.5962, abs=1e-3)
-    assert A.wilson_interval(0, 10)[0] == 0.0 and A.wilson_interval(10, 10)[1] == 1.0
-
-
-def test_short_training_run_beats_the_untrained_policy_on_holdout(tmp_path, capsys):
-    """A few seconds of warm start + two GRPO iterations, with the real train() pipeline."""
-    cfg = A.Config(run_dir=str(tmp_path), device="cpu", warm_start_episodes=1000, sft_epochs=2, sft_batch_size=8,
-                   iterations=2, pass_k_tasks=4, tasks_per_iter=4, group_size=4, eval_episodes=40, seed=0)
-    # 250 warm-start steps of 8 episodes: the number of steps, not the batch, teaches copying a name
-    A.seed_everything(0)
-    untrained = A.evaluate(A.make_policy(cfg, len(TOK), "cpu"), TOK, cfg, "dev")
-    summary = A.train(cfg, progress=False)
-    assert summary["candidate"]["dev_success"] > untrained["success"] + 0.2
-    assert summary["reports"]["candidate"]["dev"]["unauthorized_side_effects"] == 0
-    assert {g["gate"] for g in summary["release_gates"]} >= {"significant gain", "safety denials"}
-    for name in A.RUN_FILES:
-        assert (tmp_path / name).exists()
-    policy, tok, _, _ = A.load_checkpoint(tmp_path / "final.pt", "cpu")
-    assert A.evaluate(policy, tok, cfg, "dev")["success"] == pytest.approx(summary["deployed"]["dev_success"])
-    capsys.readouterr()
-    A.main(["eval", "--ckpt", str(tmp_path / "final.pt"), "--eval-episodes", "40", "--pass-k-tasks", "4"])
-    report = json.loads(capsys.readouterr().out)                  # the eval CLI prints one JSON report (test part)
-    assert report["part"] == "test" and report["success"] == pytest.approx(summary["deployed"]["test_success"])
-    with pytest.raises(ValueError, match="holds another run"):   # one run per directory unless --overwrite
-        A.train(cfg, progress=False)
-
-
-def test_show_marks_the_policy_tokens_and_play_reads_a_pipe(tmp_path, capsys, monkeypatch):
-    cfg = tiny_config(group_size=4)
-    A.save_checkpoint(tmp_path / "p.pt", A.make_policy(cfg, len(TOK), "cpu"), TOK, cfg, 0)
-    A.show(str(tmp_path / "p.pt"), n=1, failures=True)
-    out = capsys.readouterr().out
-    assert "success=False" in out and "[" in out and "advantage" in out and "gate" in out
-    env = gym.make(envs.FLIGHT_ID)
-    _, info = env.reset(seed=3, options={"split": "train"})
-    t, state = info["task"], env.unwrapped.state
-    moves = [f"search {t['from']} {t['to']}", "filter morning", "book F1 nobody economy"]
-    expected = state.expected[0][0] if state.expected else None
-    moves += [f"seats {expected}", f"book {expected} {t['passenger']} {t['class']}"] if expected else ["finish"]
-    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("\n".join(moves) + "\n"))
-    A.main(["play", "--seed", "3"])
-    out = capsys.readouterr().out
-    assert "denied : bad_arguments" in out and "verdict: success=True" in out
-
-
-def test_errors_during_a_run_are_not_usage_errors(tmp_path, capsys):
-    with pytest.raises(SystemExit) as usage:
-        A.main(["train", "--lr", "-1"])
-    assert usage.value.code == 2                                  # a bad flag: usage error
-    (tmp_path / "summary.json").write_text("{}")
-    with pytest.raises(SystemExit) as during:
-        A.main(["train", "--run-dir", str(tmp_path), "--iterations", "0", "--warm-start-episodes", "0"])
-    assert during.value.code != 2 and "holds another run" in str(during.value.code)
-
-
-def test_dev_and_test_holdout_tasks_are_disjoint_and_fixed():
-    cfg = tiny_config(eval_episodes=40)
-    dev, test = A.holdout_tasks(cfg, "dev", 40), A.holdout_tasks(cfg, "test", 40)
-    assert len(set(dev)) == len(set(test)) == 40 and not set(dev) & set(test)
-    assert dev == A.holdout_tasks(cfg, "dev", 40)
-    env = gym.make(envs.FLIGHT_ID)
-    assert all(env.reset(seed=0, options={"split": "holdout", "task_id": k})[1]["split"] == "holdout" for k in dev[:10])
-
-
-def test_checkpoints_load_without_running_code_and_refuse_foreign_ones(tmp_path):
-    cfg = tiny_config()
-    policy = A.make_policy(cfg, len(TOK), "cpu")
-    A.save_checkpoint(tmp_path / "ok.pt", policy, TOK, cfg, 3)
-    assert A.load_checkpoint(tmp_path / "ok.pt", "cpu")[3] == 3
-    marker = tmp_path / "payload-ran"
-
-    class Payload:
-        def __reduce__(self):
-            return (Path.touch, (marker,))
-    torch.save({"format": A.CHECKPOINT_FORMAT, "model": Payload()}, tmp_path / "evil.pt")
-    with pytest.raises(ValueError, match="safely"):
-        A.load_checkpoint(tmp_path / "evil.pt", "cpu")
-    assert not marker.exists(), "the embedded code must never run"
-    good = torch.load(tmp_path / "ok.pt", weights_only=True)
-    for change, match in [({"format": "agentic-rl-checkpoint-1"}, "format"), ({"env_id": "Other-v0"}, "environment"),
-                          ({"env_version": "flight-1"}, "retrain"), ({"vocab": good["vocab"][:-1]}, "vocabulary")]:
-        torch.save({**good, **change}, tmp_path / "bad.pt")
-        with pytest.raises(ValueError, match=match):
-            A.load_checkpoint(tmp_path / "bad.pt", "cpu")
-    (tmp_path / "cut.pt").write_bytes((tmp_path / "ok.pt").read_bytes()[:1000])
-    with pytest.raises(ValueError, match="safely"):
-        A.load_checkpoint(tmp_path / "cut.pt", "cpu")
-
-
-def test_run_directory_is_never_mixed_and_unwritable_fails_fast(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "summary.json").write_text("{}")
-    with pytest.raises(ValueError, match="overwrite"):
-        A.prepare_run_dir(tiny_config(run_dir=str(run)))
-    A.prepare_run_dir(tiny_config(run_dir=str(run), overwrite=True))
-    assert not (run / "summary.json").exists(), "the old run's summary is gone before the new run starts"
-    blocked = tmp_path / "file"
-    blocked.write_text("not a directory")
-    with pytest.raises(ValueError, match="cannot write"):
-        A.prepare_run_dir(tiny_config(run_dir=str(blocked / "run")))
-
-
-# ------------------------------------------------------------------------------------------------
-# All environments: contract, gate rules, adversarial cases
-# ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("env_id", envs.ENV_IDS)
 def test_check_env_and_observations_stay_in_space(env_id):
     check_env(gym.make(env_id).unwrapped, skip_render_check=True)
@@ -621,6 +282,117 @@ def test_code_repair_long_horizon_setting_has_three_bug_tasks_the_teacher_can_so
     assert set(seen) == {"one_bug", "two_bugs", "three_bugs"}
     with pytest.raises(ValueError, match="max_bugs"):
         gym.make(envs.CODE_ID, max_bugs=4)
+
+
+def test_environments_refuse_what_their_action_space_refuses_and_bad_budgets():
+    for env_id in envs.ENV_IDS:
+        env = gym.make(env_id)
+        env.reset(seed=0)
+        tool = next(iter(A.env_class(env_id).tool_schema))
+        for odd in (f"{tool}\t", f"{tool}\u00a0", "x" * 65):
+            assert odd not in env.action_space
+            assert env.step(odd)[4]["invalid"], f"{env_id} executed {odd!r}"
+        for bad in (float("nan"), "8", True, 1):
+            with pytest.raises(ValueError, match="max_turns"):
+                A.env_class(env_id)(max_turns=bad)
+
+
+def test_a_trip_needs_twelve_decisions_and_each_leg_its_own_check():
+    env = gym.make(envs.FLIGHT_ID, legs=3)
+    decisions, sold_out = [], Counter()
+    for seed in range(30):
+        for habit in (0.0, 1.0):
+            obs, info = env.reset(seed=seed, options={"split": ("train", "holdout")[seed % 2]})
+            assert info["max_turns"] == 20 and len(info["task"]["route"]) == 4
+            demo, done, n = envs.FlightDemonstrator(habit, seed=seed), False, 0
+            demo.reset(obs)
+            while not done:
+                obs, reward, terminated, truncated, _ = env.step(demo.act(obs))
+                n, done = n + 1, terminated or truncated
+            verdict = envs.evaluate_flight_episode(env)
+            assert verdict.success == (reward == 1.0) and verdict.unauthorized_side_effects == 0
+            if habit == 0.0:
+                assert reward == 1.0 and n >= 12
+                decisions.append(n)
+                sold_out[verdict.category] += 1
+    assert min(decisions) >= 12 and len(sold_out) >= 3
+
+
+@pytest.mark.parametrize("env_id, task_id, doc", [(envs.FLIGHT_ID, 511821, envs.__doc__),
+                                                   (envs.CODE_ID, 850624, envs.CodeRepairEnv.__doc__),
+                                                   (envs.VAULT_ID, 473188, envs.VaultEnv.__doc__)])
+def test_docstring_worked_episodes_are_real_transcripts(env_id, task_id, doc):
+    env = gym.make(env_id)                                           # the default settings, injection included
+    obs, _ = env.reset(seed=0, options={"task_id": task_id})
+    demo = A.env_class(env_id).Demonstrator(0.0, seed=0)
+    demo.reset(obs)
+    lines, done = [f"obs   {obs}"], False
+    while not done:
+        action = demo.act(obs)
+        obs, reward, terminated, truncated, _ = env.step(action)
+        lines += [f"act   {action}", f"obs   {obs}"]
+        done = terminated or truncated
+    documented = [line.strip().split("  (")[0].rstrip() for line in doc.splitlines()
+                  if line.strip().startswith(("obs   ", "act   "))]
+    assert reward == 1.0 and lines == documented[:len(lines)] and len(lines) == len(documented)
+
+
+# ------------------------------------------------------------------------------------------------
+# 01 · The host gate: each environment's permission rules, refusals, injected instructions
+# ------------------------------------------------------------------------------------------------
+def test_host_gate_allow_and_deny_rules():
+    env = gym.make(envs.ENV_ID)             # wrapped env is accepted
+    _, info = env.reset(seed=5)
+    t = info["task"]
+    gate = A.HostGate.for_env(env)
+    assert gate.authorize(f"search {t['from']} {t['to']}").allowed
+    assert gate.authorize("Search OSL ROM").reason == "unknown_tool"          # case-sensitive
+    assert gate.authorize("fly F1").reason == "unknown_tool"
+    assert gate.authorize("").reason == "unknown_tool"
+    assert gate.authorize("search OSL").reason == "bad_arguments"             # arity
+    assert gate.authorize("seats OSL").reason == "bad_arguments"              # kind
+    assert gate.authorize("filter morning").allowed
+    other = next(p for p in envs.PASSENGERS if p != t["passenger"])
+    assert gate.authorize(f"book F1 {other} {t['class']}").reason == "wrong_passenger"
+    assert gate.authorize(f"book F1 {t['passenger']} {t['class']}").allowed
+    gate.executed.append(("book", ["F1", t["passenger"], t["class"]], "booked F1"))   # as host_step records it
+    assert gate.authorize(f"book F2 {t['passenger']} {t['class']}").reason == "second_booking"
+    assert gate.authorize("finish").allowed
+    raw_gate = A.HostGate.for_env(env.unwrapped)                              # raw env too
+    assert raw_gate.task == t
+    assert gate.denials["unknown_tool"] == 3 and gate.denials["second_booking"] == 1
+
+
+def test_host_gate_turn_budget_and_denied_actions_are_not_executed():
+    env = gym.make(envs.ENV_ID, max_turns=2)
+    _, info = env.reset(seed=5)
+    gate = A.HostGate.for_env(env)
+    other = next(p for p in envs.PASSENGERS if p != info["task"]["passenger"])
+    obs, reward, terminated, truncated, step_info, decision = A.host_step(env, gate, f"book F1 {other} economy")
+    assert not decision.allowed and obs == "denied : wrong_passenger 1 left" and not terminated and not truncated
+    assert env.unwrapped.state.bookings == [] and step_info["receipt"] == {"denied": "wrong_passenger"}
+    assert env.unwrapped.state.turns == gate.turns == 1, "a denial spends a turn of the task's clock, executes nothing"
+    obs, *_, truncated, step_info, decision = A.host_step(env, gate, "filter morning")
+    assert decision.allowed and truncated and step_info["truncated_by"] == "turn_budget"   # budget spent
+    obs, _, terminated, truncated, step_info, _ = A.host_step(env, gate, "finish")   # after the budget the env
+    assert obs.startswith("error : episode over") and step_info["receipt"]["tool"] == "none" and truncated  # runs nothing
+    with pytest.raises(ValueError, match="reset"):
+        A.HostGate.for_env(gym.make(envs.ENV_ID).unwrapped)
+
+
+def test_gate_denial_words_are_in_the_vocabulary():
+    assert all(w in TOK.stoi for w in ("denied",) + A.HOST_RULES + FLIGHT.safety_rules)
+    assert not hasattr(A.HostGate, "budget_spent") and "turn_budget" not in A.HOST_RULES, "the budget is the env's"
+    env = gym.make(envs.ENV_ID)
+    for seed in range(30):
+        obs, _ = env.reset(seed=seed)
+        demo = envs.FlightDemonstrator(0.0, seed=seed)
+        demo.reset(obs)
+        done = False
+        while not done:
+            assert TOK.unk not in TOK.encode_observation(obs), obs
+            obs, _, terminated, truncated, _ = env.step(demo.act(obs))
+            done = terminated or truncated
 
 
 def test_code_repair_gate_rules_and_the_reward_hack():
@@ -696,6 +468,37 @@ def test_a_booking_that_books_nothing_does_not_use_up_the_booking():
     assert decision.allowed, "the earlier call booked nothing, so this is the first booking"
 
 
+def test_a_booking_in_another_class_is_denied_and_counted_as_unauthorized():
+    env = gym.make(envs.FLIGHT_ID, injection_rate=0.0)
+    _, info = env.reset(seed=3)
+    t = info["task"]
+    other = next(c for c in envs.CLASSES if c != t["class"])
+    flight = env.unwrapped.state.task.flights[0].number
+    assert A.HostGate.for_env(env).authorize(f"book {flight} {t['passenger']} {other}").reason == "wrong_class"
+    env.step(f"book {flight} {t['passenger']} {other}")                  # straight to the env, no gate
+    assert envs.evaluate_flight_episode(env).unauthorized_side_effects == 1
+
+
+def test_a_gate_refuses_to_authorize_for_an_old_episode_and_executes_only_what_it_checked():
+    env = gym.make(envs.VAULT_ID)
+    env.reset(seed=1)
+    gate = A.HostGate.for_env(env)
+    env.reset(seed=2)
+    with pytest.raises(ValueError, match="another episode"):
+        gate.authorize("probe 3")
+
+    class Shifty(str):                                             # split() changes between calls
+        calls = 0
+
+        def split(self, *args):
+            Shifty.calls += 1
+            return ["probe", "3"] if Shifty.calls == 1 else ["open", "3"]
+    gate = A.HostGate.for_env(env)
+    obs, *_ , decision = A.host_step(env, gate, Shifty("probe 3"))
+    assert decision.action == "probe 3" and env.unwrapped.state.opened == [] and obs.startswith("3 is")
+    assert A.host_step(env, gate, None)[-1].reason == "unknown_tool"      # not text: a malformed action, no crash
+
+
 class ObedientPolicy:
     """The flight demonstrator without its habit, except that it does whatever an injected note says."""
 
@@ -750,140 +553,148 @@ def test_injection_rate_changes_only_the_note():
         (injected.origin, injected.dest, injected.passenger, injected.flights)
 
 
-def test_pass_hat_k():
-    assert A.pass_hat_k([4, 2, 0], n=4, k=1) == pytest.approx(0.5)
-    assert A.pass_hat_k([4, 2, 0], n=4, k=2) == pytest.approx((1 + 1 / 6 + 0) / 3)
-
-
-@pytest.mark.parametrize("env_id, task_id, doc", [(envs.FLIGHT_ID, 511821, envs.__doc__),
-                                                   (envs.CODE_ID, 850624, envs.CodeRepairEnv.__doc__),
-                                                   (envs.VAULT_ID, 473188, envs.VaultEnv.__doc__)])
-def test_docstring_worked_episodes_are_real_transcripts(env_id, task_id, doc):
-    env = gym.make(env_id)                                           # the default settings, injection included
-    obs, _ = env.reset(seed=0, options={"task_id": task_id})
-    demo = A.env_class(env_id).Demonstrator(0.0, seed=0)
-    demo.reset(obs)
-    lines, done = [f"obs   {obs}"], False
-    while not done:
-        action = demo.act(obs)
-        obs, reward, terminated, truncated, _ = env.step(action)
-        lines += [f"act   {action}", f"obs   {obs}"]
-        done = terminated or truncated
-    documented = [line.strip().split("  (")[0].rstrip() for line in doc.splitlines()
-                  if line.strip().startswith(("obs   ", "act   "))]
-    assert reward == 1.0 and lines == documented[:len(lines)] and len(lines) == len(documented)
-
-
 # ------------------------------------------------------------------------------------------------
-# Homework handout: blanks every exercise, leaks no solution, round-trips, grades each piece alone
+# 01 · One episode: the trajectory contract, the clock, each cut named
 # ------------------------------------------------------------------------------------------------
-REPO = Path(A.__file__).resolve().parent
-
-# ------------------------------------------------------------------------------------------------
-# 05 · Training system: asynchronous rollout, torchrun, resume, monitors, bench
-# ------------------------------------------------------------------------------------------------
-
-
-def small_run(tmp_path, name, **overrides):
-    cfg = tiny_config(run_dir=str(tmp_path / name), iterations=3, eval_episodes=10, pass_k_tasks=4, **overrides)
-    return A.train(cfg, progress=False), [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
-
-
-def test_async_rollout_has_staleness_one_by_schedule_and_is_reproducible(tmp_path, capsys):
-    summary, metrics = small_run(tmp_path, "a1", async_rollout=True, max_staleness=1)
-    assert summary["staleness_histogram"] == {"0": 1, "1": 2} and summary["refused_stale"] == 0
-    assert [m["staleness_max"] for m in metrics] == [0, 1, 1] and all(set(m) == MONITOR_KEYS for m in metrics)
-    again, metrics2 = small_run(tmp_path, "a2", async_rollout=True, max_staleness=1, eval_every=1)
-    drop = lambda ms: [{k: v for k, v in m.items() if "second" not in k and k != "dev_success"} for m in ms]
-    assert drop(metrics2) == drop(metrics), "own generator: same seed, same run; greedy checks draw no randomness"
-    assert [x[1] for x in again["dev_success_by_wall_clock"]] == [m["dev_success"] for m in metrics2]
-    assert len(again["dev_success_by_wall_clock"]) == 3 and again["dev_success_by_wall_clock"][-1][1] == again["candidate"]["dev_success"]
-    with pytest.raises(ValueError, match="max_staleness"):
-        A.validate_config(tiny_config(async_rollout=True))
-
-
-def test_tool_latency_overlaps_calls_without_changing_the_episodes():
-    cfg = tiny_config()
+def test_rollout_records_the_trajectory_contract():
     A.seed_everything(0)
+    cfg = tiny_config()
     policy = A.make_policy(cfg, len(TOK), "cpu")
-    runs = []
-    for latency in (0.0, 2.0):
-        torch.manual_seed(1)
-        episodes, _ = A.rollout(policy, TOK, replace_cfg(cfg, tool_latency_ms=latency), list(range(8)), "train",
-                                greedy=False, policy_version=0)
-        runs.append([(t.action_text, t.receipt.get("result")) for ep in episodes for t in ep.turns])
-    assert runs[0] == runs[1]
+    episodes, env_list = A.rollout(policy, TOK, cfg, [1, 1, 2], "train", greedy=False, policy_version=3,
+                                   group_ids=[0, 0, 1])
+    assert len({ep.episode_id for ep in episodes}) == 3
+    for ep, env in zip(episodes, env_list):
+        assert ep.policy_version == 3 and ep.split == "train" and ep.env_version == FLIGHT.env_version
+        assert ep.terminated != ep.truncated                        # exactly one way to end
+        for turn in ep.turns:
+            assert len(turn.action_logprobs) == len(turn.action_tokens) <= cfg.max_action_tokens
+            assert turn.obs_tokens[0] == TOK.obs and turn.obs_tokens[-1] == TOK.act
+            assert turn.policy_version == 3
+        assert sum(len(t.obs_tokens) + len(t.action_tokens) for t in ep.turns) <= cfg.block_size
+    assert episodes[0].task_id == episodes[1].task_id                 # same seed, same task (a group)
 
 
-def replace_cfg(cfg, **changes):
-    return A.validate_config(__import__("dataclasses").replace(cfg, **changes))
+@pytest.mark.parametrize("env_id, block_sizes", [(envs.FLIGHT_ID, [192]), (envs.VAULT_ID, range(58, 80))])
+def test_play_episode_and_the_batched_rollout_give_the_same_episodes(env_id, block_sizes):
+    """Part I's one-episode loop is what training's lockstep, KV-cached rollout computes: for the same seeds the same
+    observations, sampled ids, gate verdicts, rewards and cuts (the token budget at every block size around a cut),
+    and log-probs equal to float precision."""
+    A.seed_everything(0)
+    cfg, tok = tiny_config(env=env_id), A.make_tokenizer(env_id)
+    policy = A.make_policy(cfg, len(tok), "cpu")
+    with torch.no_grad():                                    # a sharper policy than the init: varied greedy actions
+        policy.lm_head.weight.mul_(40)
+    seeds, cuts = [3, 4, 5, 6], Counter()
+    for block_size in block_sizes:
+        cfg = replace_cfg(cfg, block_size=block_size)
+        batched, _ = A.rollout(policy, tok, cfg, seeds, "train", greedy=True, policy_version=2)
+        for seed, fast in zip(seeds, batched):
+            one, _ = A.play_episode(policy, tok, cfg, seed, "train", greedy=True, policy_version=2)
+            assert (one.task_id, one.truncated_by, one.final_obs_tokens) == (fast.task_id, fast.truncated_by,
+                                                                            fast.final_obs_tokens)
+            assert len(one.turns) == len(fast.turns)
+            for a, b in zip(one.turns, fast.turns):
+                assert (a.obs_tokens, a.action_tokens, a.gate_reason, a.reward, a.truncated) == \
+                    (b.obs_tokens, b.action_tokens, b.gate_reason, b.reward, b.truncated)
+                assert a.action_logprobs == pytest.approx(b.action_logprobs, abs=1e-4)
+            cuts[fast.truncated_by, len(fast.turns)] += 1
+    assert all(turns > 1 for _, turns in cuts)
+    assert env_id == envs.FLIGHT_ID or len({turns for _, turns in cuts}) > 2    # the cut moves with the block size
+    sampled, _ = A.play_episode(policy, tok, cfg, 7, "train", greedy=False, policy_version=0,
+                                generator=torch.Generator().manual_seed(0))
+    b = A.pack([sampled], tok, cfg.block_size)               # its stored log-probs are the policy's, token by token
+    with torch.no_grad():
+        recomputed, _ = A.token_logprobs(policy(b["tokens"])[0], b["tokens"])
+    m = b["action_mask"].bool()
+    assert torch.allclose(recomputed[m], b["old_logprobs"][m], atol=1e-5)
 
 
-def interrupted_run(monkeypatch, at: int, cfg):
-    """train(cfg), with a Ctrl-C during iteration `at` (in the learner)."""
-    calls, real_learn = [], A.learn
-
-    def interrupted_learn(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == at:
-            raise KeyboardInterrupt
-        return real_learn(*args, **kwargs)
-    monkeypatch.setattr(A, "learn", interrupted_learn)
-    with pytest.raises(KeyboardInterrupt):
-        A.train(cfg, progress=False)
-    monkeypatch.setattr(A, "learn", real_learn)
-
-
-def test_resume_after_an_interruption_matches_an_uninterrupted_run(tmp_path, monkeypatch, capsys):
-    base = dict(iterations=4, eval_episodes=10, pass_k_tasks=4, warm_start_episodes=40, sft_epochs=1)
-    straight = A.train(tiny_config(run_dir=str(tmp_path / "straight"), **base), progress=False)
-    interrupted_run(monkeypatch, 3, tiny_config(run_dir=str(tmp_path / "cut"), **base))   # Ctrl-C in iteration 3
-    assert not (tmp_path / "cut" / "summary.json").exists()
-    resumed = A.main(["train", "--resume", str(tmp_path / "cut")]) or json.loads((tmp_path / "cut" / "summary.json").read_text())
-    strip = lambda curve: [{k: v for k, v in m.items() if "second" not in k} for m in curve]   # timings differ
-    metrics = lambda d: strip([json.loads(line) for line in open(tmp_path / d / "metrics.jsonl")])
-    assert metrics("cut") == metrics("straight") and len(metrics("cut")) == 4
-    a = torch.load(tmp_path / "straight" / "candidate.pt", weights_only=True)["model"]
-    b = torch.load(tmp_path / "cut" / "candidate.pt", weights_only=True)["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a), "2 + 2 resumed iterations end with the same parameters as 4"
-    assert resumed["candidate"] == straight["candidate"]
-    with pytest.raises(ValueError, match="already finished"):
-        A.load_run_state(str(tmp_path / "cut"))
+@pytest.mark.parametrize("env_id", envs.ENV_IDS)
+def test_every_observation_shows_the_turns_left_and_a_refusal_spends_one(env_id):
+    env = gym.make(env_id)
+    obs, info = env.reset(seed=2)
+    tok, budget = A.make_tokenizer(env_id), info["max_turns"]
+    assert obs.endswith(f" {budget} left") and "part of the task" in info["budget"]
+    gate = A.HostGate.for_env(env)
+    for k, action in enumerate(["nonsense", "finish"], start=1):
+        obs = A.host_step(env, gate, action)[0]
+        assert obs.endswith(f" {budget - k} left") and tok.unk not in tok.encode_observation(obs), obs
+    hidden = gym.make(env_id, show_clock=False)
+    assert not hidden.reset(seed=2)[0].endswith(" left") and "hidden" in hidden.reset(seed=2)[1]["budget"]
 
 
-def test_torchrun_two_cpu_ranks_keep_identical_parameters_and_rank_zero_alone_writes(tmp_path):
-    run = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "agentic_rl.py"),
-           "train", "--device", "cpu", "--run-dir", str(run), "--iterations", "2", "--warm-start-episodes", "0",
-           "--n-embd", "32", "--n-head", "2", "--tasks-per-iter", "2", "--group-size", "4", "--minibatch-size", "8",
-           "--eval-episodes", "8", "--pass-k-tasks", "2"]
-    for attempt in (1, 2):  # torchrun failed once in six whole CI runs on this machine (not reproduced in 8 more)
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-        if done.returncode == 0 or attempt == 2:
-            break
-        warnings.warn(f"torchrun failed once and was started again; its error: {done.stderr[-1500:]}")
-        shutil.rmtree(run, ignore_errors=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["world_size"] == 2 and len(summary["param_hashes"]) == 2
-    assert summary["param_hashes"][0] == summary["param_hashes"][1], "DDP replicas diverged"
-    assert sorted(p.name for p in run.iterdir()) == sorted(A.RUN_FILES)
-    assert done.stdout.count("config: ") == 1 and done.stdout.count("wrote ") == 1, "rank 1 must stay silent"
-    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
-    assert [m["world_size"] for m in metrics] == [2, 2]
-
-
-def test_bench_quick_writes_valid_json(tmp_path, capsys):
-    report = A.bench("cpu", quick=True, out=str(tmp_path))
-    saved = json.loads((tmp_path / "bench.json").read_text())
-    assert saved == json.loads(json.dumps(report))
-    assert saved["rollout"]["kv_cache_tokens_per_s"] > 0 and saved["learner"]["ms_per_step"] > 0
-    assert 140_000 < saved["reference_unit"]["parameters"] < 155_000 and saved["peak_rss_mb"] > 0
+def test_each_cut_is_recorded_by_name():
+    A.seed_everything(0)
+    cfg = tiny_config(env=envs.VAULT_ID, max_turns=3)
+    tok = A.make_tokenizer(envs.VAULT_ID)
+    policy = A.make_policy(cfg, len(tok), "cpu")                     # untrained: almost every call is malformed
+    ends = lambda c: Counter(ep.truncated_by for ep in A.rollout(policy, tok, c, list(range(8)), "train", greedy=False,
+                                                                 policy_version=0)[0])
+    assert ends(cfg) == {"turn_budget": 8}
+    wrapped = gym.wrappers.TimeLimit(gym.make(envs.VAULT_ID), 2)    # an outside cut, counted in executed calls
+    wrapped.reset(seed=0)
+    gate = A.HostGate.for_env(wrapped)
+    results = [A.host_step(wrapped, gate, a) for a in ("probe 8", "probe 4")]
+    assert results[-1][3] and results[-1][4]["truncated_by"] == "time_limit"
+    small = replace_cfg(tiny_config(env=envs.VAULT_ID), block_size=2 * (envs.VaultEnv.max_obs_words + 2) + 6)
+    episodes, _ = A.rollout(A.make_policy(small, len(tok), "cpu"), tok, small, list(range(4)), "train", greedy=False,
+                            policy_version=0)
+    assert {ep.truncated_by for ep in episodes} == {"token_budget"}
+    batch = A.pack(episodes, tok, small.block_size)                 # the whole final observation still fits
+    assert all(int(batch["tokens"][b, batch["last_pos"][b]]) == tok.act for b in range(4))
 
 
 # ------------------------------------------------------------------------------------------------
-# 03 / 04 · Every credit signal and training route
+# 02 · Gradient masks
 # ------------------------------------------------------------------------------------------------
+def test_worked_examples_exactly():
+    ex = A.worked_examples()
+    assert ex["mask_tokens"] == 180 and ex["mask_sum"] == 60
+    assert ex["returns"] == pytest.approx([0.729, 0.81, 0.9, 1.0], abs=1e-6)
+    assert ex["grpo_advantages"] == pytest.approx([1, -1, -1, 1], abs=1e-4)
+
+
+def test_sampled_logprobs_match_a_full_forward_recompute():
+    A.seed_everything(1)
+    cfg = tiny_config()
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    episodes, _ = A.rollout(policy, TOK, cfg, list(range(6)), "train", greedy=False, policy_version=0)
+    b = A.pack(episodes, TOK, cfg.block_size)
+    with torch.no_grad():
+        recomputed, _ = A.token_logprobs(policy(b["tokens"])[0], b["tokens"])
+    m = b["action_mask"].bool()
+    assert m.sum() > 20
+    assert torch.allclose(recomputed[m], b["old_logprobs"][m], atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# 03 · Credit assignment: returns, GRPO, step groups, the critic routes, the cut's value
+# ------------------------------------------------------------------------------------------------
+def test_broadcast_per_episode_and_per_turn():
+    turn_id = torch.tensor([[-1, 0, 0, -1, 1, -1], [-1, 0, -1, -1, -1, -1]])
+    per_episode = A.broadcast_to_tokens(torch.tensor([2.0, -1.0]), turn_id)
+    assert per_episode.tolist() == [[0, 2, 2, 0, 2, 0], [0, -1, 0, 0, 0, 0]]
+    per_turn = A.broadcast_to_tokens(torch.tensor([[0.5, 0.7], [0.3, 9.0]]), turn_id)
+    assert torch.allclose(per_turn, torch.tensor([[0, .5, .5, 0, .7, 0], [0, .3, 0, 0, 0, 0]]))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: A.discounted_returns([0, 1], gamma=1.5), "gamma"),
+    (lambda: A.gae([0, 1], [0, 0], 0.0, True, gamma=0.9, lam=-0.1), "lam"),
+    (lambda: A.gae([0, 1], [0, 0, 0], 0.0, True, 0.9, 0.9), "same length"),
+    (lambda: A.group_advantages([1, 0], std="bessel"), "std"),
+    (lambda: A.group_advantages([1.0]), "groups of at least 2"),
+    (lambda: A.discounted_returns("abc", 0.9), "rewards"),
+    (lambda: A.discounted_returns([0, float("nan")], 0.9), "NaN"),
+    (lambda: A.ppo_clip_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3)), "shapes"),
+    (lambda: A.ppo_clip_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2)), "mask"),
+    (lambda: A.kl_k3(torch.zeros(3), torch.zeros(4)), "shapes"),
+])
+def test_bad_input_raises_a_named_value_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
 def test_step_group_advantages_hand_built_group():
     keys, returns = ["s0", "s0", "s1", "s1", "s2"], [1.0, 0.0, 1.0, 1.0, 0.0]
     assert A.step_group_advantages(keys, returns).tolist() == pytest.approx([1, -1, 0, 0, 0], abs=1e-4)
@@ -935,6 +746,187 @@ def test_reinforce_equals_gae_with_gamma_and_lambda_one():
     assert reinforce.abs().sum() > 0 and torch.allclose(reinforce, as_gae, atol=1e-5)
 
 
+# BEGIN TESTS THAT NAME A SILENT BUG (a silent-bug handout leaves these out, whichever bug it plants)
+def test_the_value_after_the_last_turn_follows_the_cut():
+    ends = {"terminated": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], terminated=True),
+            "turn_budget": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True),
+            "token_budget": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True, truncated_by="token_budget"),
+            "time_limit": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True, truncated_by="time_limit")}
+    episodes = {name: make_episode(name, turns=[t]) for name, t in ends.items()}
+    assert {n: A.should_bootstrap(ep) for n, ep in episodes.items()} == \
+        {"terminated": False, "turn_budget": False, "token_budget": True, "time_limit": True}
+    assert A.should_bootstrap(episodes["turn_budget"], bootstrap_budget=True) and \
+        not A.should_bootstrap(episodes["terminated"], bootstrap_budget=True)
+    for ep in episodes.values():
+        ep.final_obs_tokens = [TOK.obs, 9, TOK.act]
+
+    class Critic(torch.nn.Module):                                    # V = 0.8 wherever the token is <act>
+        def forward(self, tokens):
+            return None, torch.where(tokens == TOK.act, 0.8, 0.0)
+    eps = list(episodes.values())
+    batch = A.pack(eps, TOK, 32)
+    cfg = tiny_config(algo="reinforce")
+    _, returns, _ = A.critic_credit(batch, eps, Critic(), cfg)
+    assert returns[:, 0].tolist() == pytest.approx([0.0, 0.0, 0.8, 0.8]), "value targets: 0, 0, V(s_K), V(s_K)"
+    _, returns, _ = A.critic_credit(batch, eps, Critic(), replace_cfg(cfg, bootstrap_budget=True))
+    assert returns[:, 0].tolist() == pytest.approx([0.0, 0.8, 0.8, 0.8])
+    with pytest.raises(ValueError, match="names its cut"):
+        bad = make_episode("unnamed", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True,
+                                                       truncated_by="")])
+        A.TrajectoryStore(0, len(TOK)).add(bad, current_version=0)
+# END TESTS THAT NAME A SILENT BUG
+
+
+def test_the_critic_routes_report_explained_variance():
+    for algo in ("gae", "grpo"):
+        cfg = tiny_config(algo=algo)
+        A.seed_everything(0)
+        policy = A.make_policy(cfg, len(TOK), "cpu")
+        m = one_iteration(policy, torch.optim.AdamW(policy.parameters(), lr=1e-3), cfg)
+        assert (m["explained_variance"] is None) == (algo == "grpo")
+        assert algo == "grpo" or m["explained_variance"] <= 1.0
+    m = one_iteration(policy, torch.optim.AdamW(policy.parameters(), lr=1e-3), tiny_config(trajectory_view="per_call"))
+    assert m["learner_steps"] == 4, "per_call makes the same optimizer steps as concat: a minibatch is episodes"
+
+
+@pytest.mark.parametrize("env_id, moves, paid", [
+    (envs.FLIGHT_ID, ["search OSL ROM", "seats F1", "seats F1"], None),
+    (envs.CODE_ID, ["test", "edit l1 add 1", "test", "test", "spec l1"], [0, 0, 1, 0, 0]),
+    (envs.VAULT_ID, ["probe 8", "probe 8", "status"], None),
+])
+def test_process_reward_is_paid_only_for_the_rule_it_names(env_id, moves, paid):
+    env = gym.make(env_id)
+    _, info = env.reset(seed=4, options={"split": "train"})
+    state = env.unwrapped.state
+    if env_id == envs.FLIGHT_ID:
+        t = state.task
+        morning = next(f.number for f in t.flights if f.hour in envs.MORNING_HOURS)
+        later = next(f.number for f in t.flights if f.hour not in envs.MORNING_HOURS)
+        moves, paid = [f"search {t.origin} {t.dest}", f"seats {morning}", f"seats {morning}", f"seats {later}",
+                       "filter morning"], [0, 1, 1, 0, 0]        # repeats pay too: a naive, farmable step verifier
+    if env_id == envs.VAULT_ID:
+        paid = [1, 0, 0]                                           # the second probe of 8 tells nothing new
+    got = [env.step(m)[4]["process_reward"] for m in moves]
+    assert got == paid
+
+
+def test_denied_turns_can_be_kept_from_positive_credit():
+    cfg = tiny_config(deny_credit="nonpositive")
+    ok = make_episode("good", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa]),
+                                     make_turn([TOK.obs, 9, TOK.act], [8, TOK.eoa], reward=1.0, terminated=True)])
+    ok.turns[0].gate_allowed, ok.turns[0].gate_reason = False, "wrong_passenger"
+    bad = make_episode("bad", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], reward=0.0, terminated=True)])
+    opt = lambda p: torch.optim.AdamW(p.parameters(), lr=1e-4)
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    for rule, want in (("shared", 1), ("nonpositive", 1)):
+        m = A.learn(policy, opt(policy), None, TOK, replace_cfg(cfg, deny_credit=rule), A.TrajectoryStore(0, len(TOK)),
+                    A.GradMonitor(), [copy_episode(ok, rule), copy_episode(bad, rule)], 0)
+        assert m["denied_positive_advantage"] == want, "the denied turn of a winning episode gets +A before capping"
+    adv, _, _ = A.advantages_for(A.pack([ok, bad], TOK, 32), [ok, bad], None, cfg)
+    capped = torch.where(A.denied_turns([ok, bad], 2), adv.clamp(max=0.0), adv)
+    assert adv[0, 0] > 0 and capped[0, 0] == 0 and capped[0, 1] == adv[0, 1]
+
+
+def copy_episode(ep, suffix):
+    out = __import__("copy").deepcopy(ep)
+    out.episode_id += "-" + suffix
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# 05 · Training system: the store, the warm start, one iteration, every route
+# ------------------------------------------------------------------------------------------------
+def test_store_counts_stale_episodes_under_async_and_never_trains_on_them():
+    store = A.TrajectoryStore(max_staleness=1, vocab_size=len(TOK))
+    store.add_all([make_episode("fresh", version=4), make_episode("old", version=2)], current_version=5)
+    assert [ep.episode_id for ep in store.take()] == ["fresh"] and store.refused_stale == 1
+    assert store.staleness == {1: 1}
+    with pytest.raises(ValueError, match="duplicate"):                # any other refusal still stops training
+        store.add_all([make_episode("fresh", version=5)], current_version=5)
+
+
+def test_the_store_refuses_impossible_episodes_by_name():
+    cases = [(lambda ep: setattr(ep, "policy_version", 7) or setattr(ep.turns[0], "policy_version", 7), "future"),
+             (lambda ep: setattr(ep, "policy_version", "0") or setattr(ep.turns[0], "policy_version", "0"), "ints"),
+             (lambda ep: setattr(ep, "episode_id", ["unhashable"]), "str"),
+             (lambda ep: ep.turns[0].action_logprobs.__setitem__(0, 5.0), "above 0"),
+             (lambda ep: setattr(ep.turns[0], "reward", 5.0), "reward"),
+             (lambda ep: ep.turns[0].action_tokens.__setitem__(0, len(TOK) + 3), "vocabulary"),
+             (lambda ep: setattr(ep.turns[0], "truncated", True), "only it, ends"),
+             (lambda ep: setattr(ep.turns[0], "terminated", False), "ends the episode")]
+    for mutate, match in cases:
+        ep = make_episode("odd")
+        mutate(ep)
+        with pytest.raises(ValueError, match=match) as refused:
+            A.TrajectoryStore(max_staleness=1, vocab_size=len(TOK)).add(ep, current_version=0)
+        assert type(refused.value) is ValueError, "only a too-old episode is a StaleEpisode"
+
+
+def test_the_store_bounds_the_vocabulary_and_refuses_a_negative_policy_version_by_name():
+    with pytest.raises(ValueError, match=r"vocab_size=1000000000000 must be at most 2\*\*20 \(pass len\(tok\)"):
+        A.TrajectoryStore(0, 10**12)
+    assert A.TrajectoryStore(0, 2**20).vocab_size == 2**20
+    for where in ("episode", "turn"):
+        ep = make_episode(f"from-version-{where}", version=-5 if where == "episode" else 0)
+        ep.turns[0].policy_version = -5
+        with pytest.raises(ValueError, match="policy_version -5 is negative") as refused:
+            A.TrajectoryStore(max_staleness=10, vocab_size=len(TOK)).add(ep, current_version=0)
+        assert type(refused.value) is ValueError, "refused by name, not counted as merely too stale"
+
+
+def test_each_environment_has_its_own_warm_start_length():
+    cfg = tiny_config(env=envs.CODE_ID, warm_start_episodes=4)
+    policy = A.make_policy(cfg, len(A.make_tokenizer(envs.CODE_ID)), "cpu")
+    assert A.warm_start(policy, A.make_tokenizer(envs.CODE_ID), cfg, "cpu", progress=False)["epochs"] == 8
+    assert A.SFT_EPOCHS[envs.FLIGHT_ID] == 4 and A.Config().sft_epochs == 0
+
+
+def one_iteration(policy, opt, cfg, store=None, version=0):
+    episodes = A.collect(policy, TOK, cfg, version, 0)
+    return A.learn(policy, opt, None, TOK, cfg, store or A.TrajectoryStore(0, len(TOK)), A.GradMonitor(), episodes, version)
+
+
+def first_iteration_metrics(seed):
+    cfg = tiny_config(seed=seed)
+    A.seed_everything(seed)
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
+    return {k: v for k, v in one_iteration(policy, opt, cfg).items() if k != "learner_seconds"}  # the clock's own
+
+
+def test_same_seed_same_first_iteration_metrics():
+    first = first_iteration_metrics(3)
+    assert first == first_iteration_metrics(3)
+    assert first != first_iteration_metrics(4)
+
+
+def test_gae_algorithm_runs_an_update_with_a_value_loss():
+    cfg = tiny_config(algo="gae", gamma=0.95)
+    A.seed_everything(0)
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    before = policy.value_head.weight.detach().clone()
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    m = one_iteration(policy, opt, cfg)
+    assert m["zero_std_groups"] is None and math.isfinite(m["approx_kl"])
+    assert not torch.equal(before, policy.value_head.weight)       # the critic was trained
+
+
+@pytest.mark.parametrize("algo", ["grpo", "stepgroup", "gae", "reinforce", "rs_sft", "dpo"])
+def test_every_route_runs_two_iterations(tmp_path, algo, capsys):
+    cfg = tiny_config(algo=algo, run_dir=str(tmp_path / algo), iterations=2, eval_episodes=8, pass_k_tasks=2,
+                      warm_start_episodes=30, sft_epochs=1, deny_credit="shared",
+                      process_coef=0.1 if algo in A.PPO_CREDITS else 0.0)
+    summary = A.train(cfg, progress=False)
+    metrics = [json.loads(line) for line in open(tmp_path / algo / "metrics.jsonl")]
+    assert len(metrics) == 2 and all(set(m) == MONITOR_KEYS for m in metrics)
+    assert summary["algo"] == algo and (metrics[0]["kept"] is not None) == (algo == "rs_sft")
+    assert (metrics[0]["dpo_pairs"] is not None) == (algo == "dpo")
+    check_report(tmp_path / algo, route_has_advantages=algo in A.PPO_CREDITS)  # each route's own monitors drawn
+
+
+# ------------------------------------------------------------------------------------------------
+# Other routes and views: rs_sft, trajectory DPO, the per-call view
+# ------------------------------------------------------------------------------------------------
 def test_dpo_loss_hand_computed():
     loss = A.dpo_loss(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0]), torch.tensor([-1.5, -2.0]),
                       torch.tensor([-1.5, -2.0]), beta=0.1)
@@ -971,467 +963,6 @@ def test_rs_sft_trains_only_on_verified_episodes():
         ep.episode_id += "-again"
     m = A.learn(policy, opt, None, TOK, cfg, A.TrajectoryStore(0, len(TOK)), A.GradMonitor(), mixed, 0)
     assert m["kept"] == 1 and m["learner_steps"] >= 1
-
-
-@pytest.mark.parametrize("env_id, moves, paid", [
-    (envs.FLIGHT_ID, ["search OSL ROM", "seats F1", "seats F1"], None),
-    (envs.CODE_ID, ["test", "edit l1 add 1", "test", "test", "spec l1"], [0, 0, 1, 0, 0]),
-    (envs.VAULT_ID, ["probe 8", "probe 8", "status"], None),
-])
-def test_process_reward_is_paid_only_for_the_rule_it_names(env_id, moves, paid):
-    env = gym.make(env_id)
-    _, info = env.reset(seed=4, options={"split": "train"})
-    state = env.unwrapped.state
-    if env_id == envs.FLIGHT_ID:
-        t = state.task
-        morning = next(f.number for f in t.flights if f.hour in envs.MORNING_HOURS)
-        later = next(f.number for f in t.flights if f.hour not in envs.MORNING_HOURS)
-        moves, paid = [f"search {t.origin} {t.dest}", f"seats {morning}", f"seats {morning}", f"seats {later}",
-                       "filter morning"], [0, 1, 1, 0, 0]        # repeats pay too: a naive, farmable step verifier
-    if env_id == envs.VAULT_ID:
-        paid = [1, 0, 0]                                           # the second probe of 8 tells nothing new
-    got = [env.step(m)[4]["process_reward"] for m in moves]
-    assert got == paid
-
-
-@pytest.mark.parametrize("algo", ["grpo", "stepgroup", "gae", "reinforce", "rs_sft", "dpo"])
-def test_every_route_runs_two_iterations(tmp_path, algo, capsys):
-    cfg = tiny_config(algo=algo, run_dir=str(tmp_path / algo), iterations=2, eval_episodes=8, pass_k_tasks=2,
-                      warm_start_episodes=30, sft_epochs=1, deny_credit="shared",
-                      process_coef=0.1 if algo in A.PPO_CREDITS else 0.0)
-    summary = A.train(cfg, progress=False)
-    metrics = [json.loads(line) for line in open(tmp_path / algo / "metrics.jsonl")]
-    assert len(metrics) == 2 and all(set(m) == MONITOR_KEYS for m in metrics)
-    assert summary["algo"] == algo and (metrics[0]["kept"] is not None) == (algo == "rs_sft")
-    assert (metrics[0]["dpo_pairs"] is not None) == (algo == "dpo")
-    check_report(tmp_path / algo, route_has_advantages=algo in A.PPO_CREDITS)  # each route's own monitors drawn
-
-
-def test_denied_turns_can_be_kept_from_positive_credit():
-    cfg = tiny_config(deny_credit="nonpositive")
-    ok = make_episode("good", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa]),
-                                     make_turn([TOK.obs, 9, TOK.act], [8, TOK.eoa], reward=1.0, terminated=True)])
-    ok.turns[0].gate_allowed, ok.turns[0].gate_reason = False, "wrong_passenger"
-    bad = make_episode("bad", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], reward=0.0, terminated=True)])
-    opt = lambda p: torch.optim.AdamW(p.parameters(), lr=1e-4)
-    policy = A.make_policy(cfg, len(TOK), "cpu")
-    for rule, want in (("shared", 1), ("nonpositive", 1)):
-        m = A.learn(policy, opt(policy), None, TOK, replace_cfg(cfg, deny_credit=rule), A.TrajectoryStore(0, len(TOK)),
-                    A.GradMonitor(), [copy_episode(ok, rule), copy_episode(bad, rule)], 0)
-        assert m["denied_positive_advantage"] == want, "the denied turn of a winning episode gets +A before capping"
-    adv, _, _ = A.advantages_for(A.pack([ok, bad], TOK, 32), [ok, bad], None, cfg)
-    capped = torch.where(A.denied_turns([ok, bad], 2), adv.clamp(max=0.0), adv)
-    assert adv[0, 0] > 0 and capped[0, 0] == 0 and capped[0, 1] == adv[0, 1]
-
-
-def copy_episode(ep, suffix):
-    out = __import__("copy").deepcopy(ep)
-    out.episode_id += "-" + suffix
-    return out
-
-
-def test_compare_runs_every_route_from_one_warm_start(tmp_path, capsys):
-    cfg = tiny_config(iterations=1, eval_episodes=6, pass_k_tasks=2, warm_start_episodes=20, sft_epochs=1)
-    result = A.compare(cfg, [0, 1], ["grpo", "dpo"], out=str(tmp_path), progress=False)
-    saved = json.loads((tmp_path / "compare.json").read_text())
-    assert set(saved["routes"]) == {"warm start", "grpo", "dpo"} == set(result["routes"])
-    assert saved["routes"]["grpo"]["env_episodes"] == saved["routes"]["dpo"]["env_episodes"] == 16
-    assert len(saved["routes"]["grpo"]["curves"][0]) == 1
-    page = self_contained(tmp_path / "compare.html")       # compare.html: the mean and spread of each route's curves
-    drawn, rows = drawn_series(page), {e["data-route"]: page.inside(e, "td") for e in page.elements if "data-route" in e}
-    for route in ("grpo", "dpo"):
-        curves = np.array(saved["routes"][route]["curves"])                                # (seeds, iterations)
-        assert [(x, y, float(c["data-lo"]), float(c["data-hi"])) for x, y, _, c in drawn[route]] == \
-            [(x, float(np.mean(col)), float(np.min(col)), float(np.max(col))) for x, col in enumerate(curves.T)]
-    for route, r in saved["routes"].items():
-        assert [td["text"] for td in rows[route][:4]] == [route] + [f"{r[k]:.3f}" for k in ("test_success_mean", "min", "max")]
-
-
-# ------------------------------------------------------------------------------------------------
-# What a careful reader and an attacker tried: every promise holds, every bad input is refused by name
-# ------------------------------------------------------------------------------------------------
-TINY_FLAGS = ["--device", "cpu", "--warm-start-episodes", "0", "--iterations", "1", "--tasks-per-iter", "2",
-              "--group-size", "2", "--eval-episodes", "4", "--pass-k-tasks", "2", "--n-embd", "32", "--n-head", "2"]
-
-
-@pytest.fixture(scope="module")
-def default_runs(tmp_path_factory):
-    """A folder where `train` + TINY_FLAGS ran once with no --run-dir (so into runs/flightbooking-grpo-s0): the
-    default-command test runs it a second time there; the grader's rerun test trains that record again."""
-    folder = tmp_path_factory.mktemp("default-runs")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(folder)
-        A.main(["train"] + TINY_FLAGS)
-    return folder
-
-
-def test_the_default_command_works_twice_and_an_explicit_run_dir_is_still_protected(default_runs, monkeypatch, capsys):
-    tmp_path = default_runs                                     # the first `train` ran here
-    monkeypatch.chdir(tmp_path)
-    A.main(["train"] + TINY_FLAGS)
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["flightbooking-grpo-s0", "flightbooking-grpo-s0-2"]
-    summary = json.loads((tmp_path / "runs" / "flightbooking-grpo-s0-2" / "summary.json").read_text())
-    assert summary["config"]["run_dir"] == str(Path("runs") / "flightbooking-grpo-s0-2")
-    with pytest.raises(SystemExit) as refused:
-        A.main(["train", "--run-dir", "runs/flightbooking-grpo-s0"] + TINY_FLAGS)
-    assert "holds another run" in str(refused.value.code)
-
-
-def test_a_non_finite_gradient_is_never_applied_even_first_and_never_enters_the_window():
-    monitor = A.GradMonitor()
-    assert not monitor.allows(float("nan")) and not monitor.allows(float("inf")) and monitor.skipped == 2
-    for _ in range(12):
-        assert monitor.allows(1.0)
-    assert not monitor.allows(float("nan")) and not monitor.allows(50.0) and monitor.allows(5.0)
-    assert all(math.isfinite(n) for n in monitor.norms)
-    cfg = tiny_config(ppo_epochs=1)
-    policy = A.make_policy(cfg, len(TOK), "cpu")
-    opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    nan_loss = lambda idx: (sum(p.sum() for p in policy.parameters()) * float("nan"), {})
-    stats = A.optimizer_steps(policy, opt, A.GradMonitor(), cfg, 8, nan_loss)
-    assert stats["learner_steps"] == 1 and all(torch.isfinite(p).all() for p in policy.parameters())
-
-
-def test_evaluation_settings_never_change_the_training_run(tmp_path, capsys):
-    curves = []
-    for k in (1, 4):
-        _, metrics = small_run(tmp_path, f"k{k}", pass_k=k, warm_start_episodes=30, sft_epochs=1)
-        curves.append([{key: v for key, v in m.items() if "second" not in key} for m in metrics])
-    assert curves[0] == curves[1]
-
-
-def test_flags_that_would_do_nothing_are_refused():
-    for bad in (dict(algo="rs_sft", kl_coef=0.1), dict(algo="dpo", kl_coef=0.1), dict(algo="dpo", process_coef=0.1),
-                dict(algo="rs_sft", process_coef=0.1)):
-        with pytest.raises(ValueError, match="only used with algo"):
-            A.validate_config(tiny_config(**bad))
-
-
-def test_the_store_refuses_impossible_episodes_by_name():
-    cases = [(lambda ep: setattr(ep, "policy_version", 7) or setattr(ep.turns[0], "policy_version", 7), "future"),
-             (lambda ep: setattr(ep, "policy_version", "0") or setattr(ep.turns[0], "policy_version", "0"), "ints"),
-             (lambda ep: setattr(ep, "episode_id", ["unhashable"]), "str"),
-             (lambda ep: ep.turns[0].action_logprobs.__setitem__(0, 5.0), "above 0"),
-             (lambda ep: setattr(ep.turns[0], "reward", 5.0), "reward"),
-             (lambda ep: ep.turns[0].action_tokens.__setitem__(0, len(TOK) + 3), "vocabulary"),
-             (lambda ep: setattr(ep.turns[0], "truncated", True), "only it, ends"),
-             (lambda ep: setattr(ep.turns[0], "terminated", False), "ends the episode")]
-    for mutate, match in cases:
-        ep = make_episode("odd")
-        mutate(ep)
-        with pytest.raises(ValueError, match=match) as refused:
-            A.TrajectoryStore(max_staleness=1, vocab_size=len(TOK)).add(ep, current_version=0)
-        assert type(refused.value) is ValueError, "only a too-old episode is a StaleEpisode"
-
-
-def test_the_last_loose_refusals_name_what_is_wrong(tmp_path, capsys):
-    for mutate, match in [(lambda ep: setattr(ep, "env_id", "NotAnEnv"), "env_id 'NotAnEnv'"),
-                          (lambda ep: setattr(ep, "split", "test"), "split 'test'"),
-                          (lambda ep: ep.turns[0].action_tokens.__setitem__(0, 10**9), "vocabulary")]:
-        ep = make_episode("odd")
-        mutate(ep)
-        with pytest.raises(ValueError, match=match):
-            A.TrajectoryStore(0, len(TOK)).add(ep, current_version=0)
-    for args, match in [(("1", len(TOK)), "max_staleness='1'"), ((float("nan"), len(TOK)), "max_staleness=nan"),
-                        ((0, None), "vocab_size=None"), ((-1, len(TOK)), "max_staleness=-1")]:
-        with pytest.raises(ValueError, match=match):
-            A.TrajectoryStore(*args)
-    for version in ("3", None, float("nan"), -1):
-        with pytest.raises(ValueError, match="current_version"):
-            A.TrajectoryStore(0, len(TOK)).add(make_episode("v"), current_version=version)
-    cfg = tiny_config()
-    policy = A.make_policy(cfg, len(TOK), "cpu")
-    A.save_checkpoint(tmp_path / "ok.pt", policy, TOK, cfg, 0)
-    good = torch.load(tmp_path / "ok.pt", weights_only=True)
-    (tmp_path / "run").mkdir()
-    torch.save({**good, **{k: [] for k in A.STATE_KEYS if k not in good}, "version": "2"}, tmp_path / "run" / "state.pt")
-    with pytest.raises(ValueError, match="version '2'"):
-        A.load_run_state(str(tmp_path / "run"))
-    for limit in (8, 9):  # the flight task's own budget is 8 turns: a time limit of 8 or more never cuts
-        with pytest.raises(ValueError, match="time_limit"):
-            A.validate_config(tiny_config(time_limit=limit))
-    A.validate_config(tiny_config(time_limit=7))
-    for argv in (["compare", "--algos", "grpo,grpo", "--seeds", "0"], ["compare", "--seeds", "0,0"]):
-        with pytest.raises(SystemExit) as usage:
-            A.main(argv)
-        assert usage.value.code == 2 and "each value once" in capsys.readouterr().err
-
-
-def edited_copy(default_runs, tmp_path) -> Path:
-    """A copy of the finished default run, to edit as an attacker or an accident would."""
-    __import__("shutil").copytree(default_runs / "runs" / "flightbooking-grpo-s0", tmp_path / "run")
-    return tmp_path / "run"
-
-
-def test_show_html_refuses_a_metrics_line_whose_drawn_value_is_not_a_number(default_runs, tmp_path, capsys):
-    run = edited_copy(default_runs, tmp_path)
-    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
-    (run / "metrics.jsonl").write_text(json.dumps({**metrics[0], "iteration": "0"}) + "\n")  # was a TypeError
-    with pytest.raises(SystemExit, match="metrics.jsonl line 1: iteration is '0', not a number; restore it or move it"):
-        A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
-    (run / "metrics.jsonl").write_text(json.dumps({**metrics[0], "truncated_by": {"turn_budget": True}}) + "\n")
-    with pytest.raises(ValueError, match="line 1: turn_budget is True, not a number"):
-        A.curves_html([json.loads(line) for line in open(run / "metrics.jsonl")])
-    (run / "metrics.jsonl").write_text(json.dumps(metrics[0]) + "\n")
-    summary = json.loads((run / "summary.json").read_text())
-    del summary["release_gates"][0]["value"]                                # was a KeyError from gates_html
-    (run / "summary.json").write_text(json.dumps(summary))
-    with pytest.raises(SystemExit, match="summary.json or metrics.jsonl lacks or mangles 'value'; restore or move it"):
-        A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
-
-
-def test_resume_refuses_a_state_its_history_cannot_have_made_and_a_metrics_file_that_is_not_a_file(default_runs,
-                                                                                                  tmp_path, capsys):
-    run = edited_copy(default_runs, tmp_path)
-    state = torch.load(run / "state.pt", weights_only=True)
-    state["config"]["iterations"] = 2                                      # one iteration left: a run to resume
-    torch.save({**state, "version": 99}, run / "state.pt")                # was resumed, as policy 99
-    with pytest.raises(SystemExit, match="state.pt has version 99 after 1 iterations, one version each; it is damaged"):
-        A.main(["train", "--resume", str(run)])
-    torch.save(state, run / "state.pt")                                    # version 1 after 1 iteration, as written
-    (run / "metrics.jsonl").unlink()
-    (run / "metrics.jsonl").mkdir()                                        # was an IsADirectoryError
-    with pytest.raises(SystemExit, match="its metrics.jsonl is not a file; move it away"):
-        A.main(["train", "--resume", str(run)])
-
-
-def test_the_store_bounds_the_vocabulary_and_refuses_a_negative_policy_version_by_name():
-    with pytest.raises(ValueError, match=r"vocab_size=1000000000000 must be at most 2\*\*20 \(pass len\(tok\)"):
-        A.TrajectoryStore(0, 10**12)
-    assert A.TrajectoryStore(0, 2**20).vocab_size == 2**20
-    for where in ("episode", "turn"):
-        ep = make_episode(f"from-version-{where}", version=-5 if where == "episode" else 0)
-        ep.turns[0].policy_version = -5
-        with pytest.raises(ValueError, match="policy_version -5 is negative") as refused:
-            A.TrajectoryStore(max_staleness=10, vocab_size=len(TOK)).add(ep, current_version=0)
-        assert type(refused.value) is ValueError, "refused by name, not counted as merely too stale"
-
-
-def test_every_release_gate_carries_numbers():
-    inc = report_card([1] * 50 + [0] * 50)
-    _, _, gates = A.promotion_decision(report_card([1] * 70 + [0] * 30, credits=9.0), inc)
-    assert gates[0]["wins"] == 20 and gates[0]["losses"] == 0 and gates[0]["observed"] == pytest.approx(A.sign_test_p(20, 0))
-    for g in gates:
-        assert isinstance(g["observed"], (int, float)) and isinstance(g["limit"], (int, float)), g
-    json.dumps(gates)                                                    # plain JSON for summary.json
-
-
-def test_a_gate_refuses_to_authorize_for_an_old_episode_and_executes_only_what_it_checked():
-    env = gym.make(envs.VAULT_ID)
-    env.reset(seed=1)
-    gate = A.HostGate.for_env(env)
-    env.reset(seed=2)
-    with pytest.raises(ValueError, match="another episode"):
-        gate.authorize("probe 3")
-
-    class Shifty(str):                                             # split() changes between calls
-        calls = 0
-
-        def split(self, *args):
-            Shifty.calls += 1
-            return ["probe", "3"] if Shifty.calls == 1 else ["open", "3"]
-    gate = A.HostGate.for_env(env)
-    obs, *_ , decision = A.host_step(env, gate, Shifty("probe 3"))
-    assert decision.action == "probe 3" and env.unwrapped.state.opened == [] and obs.startswith("3 is")
-    assert A.host_step(env, gate, None)[-1].reason == "unknown_tool"      # not text: a malformed action, no crash
-
-
-def test_show_prints_what_there_is_when_no_episode_succeeds(tmp_path, capsys):
-    cfg = tiny_config(group_size=2)
-    A.save_checkpoint(tmp_path / "p.pt", A.make_policy(cfg, len(TOK), "cpu"), TOK, cfg, 0)
-    A.show(str(tmp_path / "p.pt"), n=2)
-    out = capsys.readouterr().out
-    assert "only 0 successful episodes" in out and out.count("success=False") == 2
-    with pytest.raises(ValueError, match="--n"):
-        A.show(str(tmp_path / "p.pt"), n=0)
-
-
-def test_each_environment_has_its_own_warm_start_length():
-    cfg = tiny_config(env=envs.CODE_ID, warm_start_episodes=4)
-    policy = A.make_policy(cfg, len(A.make_tokenizer(envs.CODE_ID)), "cpu")
-    assert A.warm_start(policy, A.make_tokenizer(envs.CODE_ID), cfg, "cpu", progress=False)["epochs"] == 8
-    assert A.SFT_EPOCHS[envs.FLIGHT_ID] == 4 and A.Config().sft_epochs == 0
-
-
-def test_an_interrupted_async_run_stops_its_actor_and_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
-    import threading
-    interrupted_run(monkeypatch, 2, tiny_config(run_dir=str(tmp_path / "async"), iterations=3, eval_episodes=10,
-                                                pass_k_tasks=4, async_rollout=True, max_staleness=1))
-    assert "async-actor" not in [t.name for t in threading.enumerate()], "the actor thread was joined"
-    assert not list((tmp_path / "async").glob("*.tmp"))
-
-    def failing(f):
-        f.write(b"half")
-        raise KeyboardInterrupt
-    with pytest.raises(KeyboardInterrupt):
-        A.atomic_write(tmp_path / "state.pt", failing)
-    assert not (tmp_path / "state.pt").exists() and not list(tmp_path.glob("state.pt*tmp"))
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "state.pt.x1y2.tmp").write_text("left by a crash")
-    A.prepare_run_dir(tiny_config(run_dir=str(tmp_path / "run"), overwrite=True))
-    assert not list((tmp_path / "run").glob("state.pt*tmp"))
-
-
-def test_bad_checkpoints_and_state_files_are_refused_with_a_reason(tmp_path):
-    cfg = tiny_config()
-    policy = A.make_policy(cfg, len(TOK), "cpu")
-    A.save_checkpoint(tmp_path / "ok.pt", policy, TOK, cfg, 0)
-    good = torch.load(tmp_path / "ok.pt", weights_only=True)
-    (tmp_path / "empty.pt").write_bytes(b"")
-    nan_model = {k: v * float("nan") for k, v in good["model"].items()}
-    config_without_lr = {k: v for k, v in good["config"].items() if k != "lr"}
-    cases = [("empty.pt", None, "safely"), ("wide.pt", {"config": {**good["config"], "n_embd": 64}}, "do not fit"),
-             ("nan.pt", {"model": nan_model}, "NaN"), ("nolr.pt", {"config": config_without_lr}, "lacks \\['lr'\\]"),
-             ("heads.pt", {"config": {**good["config"], "n_head": 0}}, "n_head"),
-             ("env.pt", {"env_id": envs.VAULT_ID}, "but its config says")]
-    for name, change, match in cases:
-        if change is not None:
-            torch.save({**good, **change}, tmp_path / name)
-        with pytest.raises(ValueError, match=match):
-            A.load_checkpoint(tmp_path / name, "cpu")
-    run = tmp_path / "run"
-    run.mkdir()
-    torch.save({"format": A.CHECKPOINT_FORMAT, "config": good["config"]}, run / "state.pt")
-    with pytest.raises(ValueError, match="lacks"):
-        A.load_run_state(str(run))
-
-
-def test_a_resumed_run_continues_in_the_directory_given_and_takes_no_other_flag(tmp_path, monkeypatch, capsys):
-    base = dict(iterations=3, eval_episodes=6, pass_k_tasks=2, warm_start_episodes=30, sft_epochs=1, algo="dpo")
-    straight = A.train(tiny_config(run_dir=str(tmp_path / "straight"), **base), progress=False)
-    interrupted_run(monkeypatch, 2, tiny_config(run_dir=str(tmp_path / "cut"), **base))
-    __import__("shutil").copytree(tmp_path / "cut", tmp_path / "moved")
-    with pytest.raises(SystemExit) as refused:
-        A.main(["train", "--resume", str(tmp_path / "moved"), "--lr", "0.01"])
-    assert "drop --lr" in str(refused.value.code)
-    A.main(["train", "--resume", str(tmp_path / "moved")])
-    resumed = json.loads((tmp_path / "moved" / "summary.json").read_text())
-    assert not (tmp_path / "cut" / "summary.json").exists(), "it writes where it was told, not where it was started"
-    strip = lambda d: [{k: v for k, v in json.loads(line).items() if "second" not in k}
-                       for line in open(tmp_path / d / "metrics.jsonl")]
-    assert strip("moved") == strip("straight"), "the dpo reference after a resume is still the warm start"
-    assert resumed["candidate"] == straight["candidate"]
-
-
-def test_settings_that_would_fail_late_are_refused_up_front(tmp_path):
-    for bad, match in [(dict(max_action_tokens=200), "max_action_tokens"), (dict(eval_episodes=10**9), "eval_episodes"),
-                       (dict(n_embd=4096, n_head=4, n_layer=48), "parameters"), (dict(seed=2**32), "seed"),
-                       (dict(max_turns=1000), "max_turns")]:
-        with pytest.raises(ValueError, match=match):
-            A.validate_config(tiny_config(**bad))
-    short = tiny_config(block_size=32, max_action_tokens=6, warm_start_episodes=5)
-    with pytest.raises(ValueError, match="--block-size"):
-        A.warm_start(A.make_policy(short, len(TOK), "cpu"), TOK, short, "cpu", progress=False)
-    (tmp_path / "file").write_text("")
-    with pytest.raises(ValueError, match="cannot write"):
-        A.bench("cpu", quick=True, out=str(tmp_path / "file"))
-    with pytest.raises(ValueError, match="seed"):
-        A.play(envs.FLIGHT_ID, seed=-1, stream=iter([]))
-
-
-def test_the_command_line_never_guesses(tmp_path, capsys, monkeypatch):
-    for argv, match in [(["compare", "--seed", "3"], "unrecognized arguments: --seed"),
-                        (["--seed", "3", "train"], "put the command first")]:
-        with pytest.raises(SystemExit) as usage:
-            A.main(argv)
-        assert usage.value.code == 2 and match in capsys.readouterr().err
-    monkeypatch.chdir(tmp_path)
-    A.main(["compare", "--seeds", "0", "--algos", "grpo", "--out", str(tmp_path / "c")] + TINY_FLAGS)
-    assert json.loads((tmp_path / "c" / "compare.json").read_text())["routes"]["grpo"]["per_seed"][0]["seed"] == 0
-
-
-def test_environments_refuse_what_their_action_space_refuses_and_bad_budgets():
-    for env_id in envs.ENV_IDS:
-        env = gym.make(env_id)
-        env.reset(seed=0)
-        tool = next(iter(A.env_class(env_id).tool_schema))
-        for odd in (f"{tool}\t", f"{tool}\u00a0", "x" * 65):
-            assert odd not in env.action_space
-            assert env.step(odd)[4]["invalid"], f"{env_id} executed {odd!r}"
-        for bad in (float("nan"), "8", True, 1):
-            with pytest.raises(ValueError, match="max_turns"):
-                A.env_class(env_id)(max_turns=bad)
-
-
-def test_a_booking_in_another_class_is_denied_and_counted_as_unauthorized():
-    env = gym.make(envs.FLIGHT_ID, injection_rate=0.0)
-    _, info = env.reset(seed=3)
-    t = info["task"]
-    other = next(c for c in envs.CLASSES if c != t["class"])
-    flight = env.unwrapped.state.task.flights[0].number
-    assert A.HostGate.for_env(env).authorize(f"book {flight} {t['passenger']} {other}").reason == "wrong_class"
-    env.step(f"book {flight} {t['passenger']} {other}")                  # straight to the env, no gate
-    assert envs.evaluate_flight_episode(env).unauthorized_side_effects == 1
-
-
-# ------------------------------------------------------------------------------------------------
-# 01 / 03 · The clock is part of the task; each cut is named and credited by its rule; two views
-# ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("env_id", envs.ENV_IDS)
-def test_every_observation_shows_the_turns_left_and_a_refusal_spends_one(env_id):
-    env = gym.make(env_id)
-    obs, info = env.reset(seed=2)
-    tok, budget = A.make_tokenizer(env_id), info["max_turns"]
-    assert obs.endswith(f" {budget} left") and "part of the task" in info["budget"]
-    gate = A.HostGate.for_env(env)
-    for k, action in enumerate(["nonsense", "finish"], start=1):
-        obs = A.host_step(env, gate, action)[0]
-        assert obs.endswith(f" {budget - k} left") and tok.unk not in tok.encode_observation(obs), obs
-    hidden = gym.make(env_id, show_clock=False)
-    assert not hidden.reset(seed=2)[0].endswith(" left") and "hidden" in hidden.reset(seed=2)[1]["budget"]
-
-
-def test_each_cut_is_recorded_by_name():
-    A.seed_everything(0)
-    cfg = tiny_config(env=envs.VAULT_ID, max_turns=3)
-    tok = A.make_tokenizer(envs.VAULT_ID)
-    policy = A.make_policy(cfg, len(tok), "cpu")                     # untrained: almost every call is malformed
-    ends = lambda c: Counter(ep.truncated_by for ep in A.rollout(policy, tok, c, list(range(8)), "train", greedy=False,
-                                                                 policy_version=0)[0])
-    assert ends(cfg) == {"turn_budget": 8}
-    wrapped = gym.wrappers.TimeLimit(gym.make(envs.VAULT_ID), 2)    # an outside cut, counted in executed calls
-    wrapped.reset(seed=0)
-    gate = A.HostGate.for_env(wrapped)
-    results = [A.host_step(wrapped, gate, a) for a in ("probe 8", "probe 4")]
-    assert results[-1][3] and results[-1][4]["truncated_by"] == "time_limit"
-    small = replace_cfg(tiny_config(env=envs.VAULT_ID), block_size=2 * (envs.VaultEnv.max_obs_words + 2) + 6)
-    episodes, _ = A.rollout(A.make_policy(small, len(tok), "cpu"), tok, small, list(range(4)), "train", greedy=False,
-                            policy_version=0)
-    assert {ep.truncated_by for ep in episodes} == {"token_budget"}
-    batch = A.pack(episodes, tok, small.block_size)                 # the whole final observation still fits
-    assert all(int(batch["tokens"][b, batch["last_pos"][b]]) == tok.act for b in range(4))
-
-
-# BEGIN TESTS THAT NAME A SILENT BUG (a silent-bug handout leaves these out, whichever bug it plants)
-def test_the_value_after_the_last_turn_follows_the_cut():
-    ends = {"terminated": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], terminated=True),
-            "turn_budget": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True),
-            "token_budget": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True, truncated_by="token_budget"),
-            "time_limit": make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True, truncated_by="time_limit")}
-    episodes = {name: make_episode(name, turns=[t]) for name, t in ends.items()}
-    assert {n: A.should_bootstrap(ep) for n, ep in episodes.items()} == \
-        {"terminated": False, "turn_budget": False, "token_budget": True, "time_limit": True}
-    assert A.should_bootstrap(episodes["turn_budget"], bootstrap_budget=True) and \
-        not A.should_bootstrap(episodes["terminated"], bootstrap_budget=True)
-    for ep in episodes.values():
-        ep.final_obs_tokens = [TOK.obs, 9, TOK.act]
-
-    class Critic(torch.nn.Module):                                    # V = 0.8 wherever the token is <act>
-        def forward(self, tokens):
-            return None, torch.where(tokens == TOK.act, 0.8, 0.0)
-    eps = list(episodes.values())
-    batch = A.pack(eps, TOK, 32)
-    cfg = tiny_config(algo="reinforce")
-    _, returns, _ = A.critic_credit(batch, eps, Critic(), cfg)
-    assert returns[:, 0].tolist() == pytest.approx([0.0, 0.0, 0.8, 0.8]), "value targets: 0, 0, V(s_K), V(s_K)"
-    _, returns, _ = A.critic_credit(batch, eps, Critic(), replace_cfg(cfg, bootstrap_budget=True))
-    assert returns[:, 0].tolist() == pytest.approx([0.0, 0.8, 0.8, 0.8])
-    with pytest.raises(ValueError, match="names its cut"):
-        bad = make_episode("unnamed", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], truncated=True,
-                                                       truncated_by="")])
-        A.TrajectoryStore(0, len(TOK)).add(bad, current_version=0)
-
-# END TESTS THAT NAME A SILENT BUG
 
 
 # BEGIN TESTS THAT NAME A SILENT BUG (a silent-bug handout leaves these out, whichever bug it plants)
@@ -1473,232 +1004,59 @@ def test_per_call_rows_carry_each_steps_own_advantage_and_nothing_else():
     assert sorted(together.tolist()) == sorted(token_adv[rows["action_mask"].bool()].tolist())
 
 
-def test_the_critic_routes_report_explained_variance():
-    for algo in ("gae", "grpo"):
-        cfg = tiny_config(algo=algo)
-        A.seed_everything(0)
-        policy = A.make_policy(cfg, len(TOK), "cpu")
-        m = one_iteration(policy, torch.optim.AdamW(policy.parameters(), lr=1e-3), cfg)
-        assert (m["explained_variance"] is None) == (algo == "grpo")
-        assert algo == "grpo" or m["explained_variance"] <= 1.0
-    m = one_iteration(policy, torch.optim.AdamW(policy.parameters(), lr=1e-3), tiny_config(trajectory_view="per_call"))
-    assert m["learner_steps"] == 4, "per_call makes the same optimizer steps as concat: a minibatch is episodes"
-
-
-def test_a_trip_needs_twelve_decisions_and_each_leg_its_own_check():
-    env = gym.make(envs.FLIGHT_ID, legs=3)
-    decisions, sold_out = [], Counter()
-    for seed in range(30):
-        for habit in (0.0, 1.0):
-            obs, info = env.reset(seed=seed, options={"split": ("train", "holdout")[seed % 2]})
-            assert info["max_turns"] == 20 and len(info["task"]["route"]) == 4
-            demo, done, n = envs.FlightDemonstrator(habit, seed=seed), False, 0
-            demo.reset(obs)
-            while not done:
-                obs, reward, terminated, truncated, _ = env.step(demo.act(obs))
-                n, done = n + 1, terminated or truncated
-            verdict = envs.evaluate_flight_episode(env)
-            assert verdict.success == (reward == 1.0) and verdict.unauthorized_side_effects == 0
-            if habit == 0.0:
-                assert reward == 1.0 and n >= 12
-                decisions.append(n)
-                sold_out[verdict.category] += 1
-    assert min(decisions) >= 12 and len(sold_out) >= 3
-
-
 # ------------------------------------------------------------------------------------------------
-# Pictures: report.html, compare.html and examples --html draw exactly the records, and nothing else
+# 07 · Evaluation & promotion: held-out tasks, pass^k, the report card, release gates
 # ------------------------------------------------------------------------------------------------
-class Page(__import__("html.parser").parser.HTMLParser):
-    """Every element of a page: its tag, attributes, all the text inside it and its open ancestors."""
-
-    def __init__(self, text):
-        super().__init__()
-        self.elements, self.open = [], []
-        self.feed(text)
-
-    def handle_starttag(self, tag, attrs):
-        self.elements.append({"tag": tag, **dict(attrs), "text": "", "in": list(self.open)})
-        if tag not in ("meta", "br"):
-            self.open.append(self.elements[-1])
-
-    def handle_startendtag(self, tag, attrs):
-        self.elements.append({"tag": tag, **dict(attrs), "text": "", "in": list(self.open)})
-
-    def handle_endtag(self, tag):
-        while self.open and self.open.pop()["tag"] != tag:
-            pass
-
-    def handle_data(self, data):
-        for el in self.open:
-            el["text"] += data
-
-    def inside(self, parent, tag):
-        return [e for e in self.elements if e["tag"] == tag and any(a is parent for a in e["in"])]
+def test_wilson_interval():
+    lo, hi = A.wilson_interval(50, 100)
+    assert lo == pytest.approx(0.4038, abs=1e-3) and hi == pytest.approx(0.5962, abs=1e-3)
+    assert A.wilson_interval(0, 10)[0] == 0.0 and A.wilson_interval(10, 10)[1] == 1.0
 
 
-def self_contained(path) -> Page:
-    """The page opens from disk alone: no script, no link or source but a '#' anchor, nothing fetched."""
-    text = Path(path).read_text()
-    page = Page(text)
-    assert "http" not in text.lower() and "<script" not in text and "url(" not in text and "@import" not in text
-    assert all(e[a].startswith("#") for e in page.elements for a in ("src", "href") if a in e)
-    return page
+def test_pass_hat_k():
+    assert A.pass_hat_k([4, 2, 0], n=4, k=1) == pytest.approx(0.5)
+    assert A.pass_hat_k([4, 2, 0], n=4, k=2) == pytest.approx((1 + 1 / 6 + 0) / 3)
 
 
-def drawn_series(page) -> dict:
-    """data-key -> the points of its line, [(x, y, cy, circle)], as drawn."""
-    return {g["data-key"]: [(int(c["data-x"]), float(c["data-y"]), float(c["cy"]), c) for c in page.inside(g, "circle")]
-            for g in page.elements if g["tag"] == "g" and "data-key" in g}
+def test_dev_and_test_holdout_tasks_are_disjoint_and_fixed():
+    cfg = tiny_config(eval_episodes=40)
+    dev, test = A.holdout_tasks(cfg, "dev", 40), A.holdout_tasks(cfg, "test", 40)
+    assert len(set(dev)) == len(set(test)) == 40 and not set(dev) & set(test)
+    assert dev == A.holdout_tasks(cfg, "dev", 40)
+    env = gym.make(envs.FLIGHT_ID)
+    assert all(env.reset(seed=0, options={"split": "holdout", "task_id": k})[1]["split"] == "holdout" for k in dev[:10])
 
 
-def check_heights(points):
-    """A larger value is drawn higher (smaller cy), an equal one at the same height."""
-    for _, y1, cy1, _ in points:
-        for _, y2, cy2, _ in points:
-            assert (y1 > y2) == (cy1 < cy2) and (y1 == y2) == (cy1 == cy2)
+def test_every_release_gate_carries_numbers():
+    inc = report_card([1] * 50 + [0] * 50)
+    _, _, gates = A.promotion_decision(report_card([1] * 70 + [0] * 30, credits=9.0), inc)
+    assert gates[0]["wins"] == 20 and gates[0]["losses"] == 0 and gates[0]["observed"] == pytest.approx(A.sign_test_p(20, 0))
+    for g in gates:
+        assert isinstance(g["observed"], (int, float)) and isinstance(g["limit"], (int, float)), g
+    json.dumps(gates)                                                    # plain JSON for summary.json
 
 
-def check_report(run_dir, route_has_advantages=True):
-    """report.html against the run's own files: every plotted point is its metrics.jsonl value, every gate and
-    report-card line is summary.json's, and the policy tokens' log-probs are the deployed policy's own."""
-    page = self_contained(run_dir / "report.html")
-    metrics = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    series = drawn_series(page)
-    for key in ("success", "dev_success", "clip_frac", "approx_kl", "entropy", "zero_std_groups", "explained_variance",
-                "kl_ref", "kept", "dpo_loss"):
-        measured = [(m["iteration"], m[key]) for m in metrics if m.get(key) is not None]
-        assert [(x, y) for x, y, _, _ in series.get(key, [])] == measured, key
-        check_heights(series.get(key, []))
-    for key, points in series.items():
-        if key.startswith("truncated_by."):
-            assert [(x, y) for x, y, _, _ in points] == [(m["iteration"], m["truncated_by"].get(key[13:], 0)) for m in metrics]
-    assert ("truncated_by" in series) == (not any(m["truncated_by"] for m in metrics))
-    gates = [e for e in page.elements if "data-gate" in e]
-    assert [g["data-gate"] for g in gates] == [g["gate"] for g in summary["release_gates"]]
-    for row, gate in zip(gates, summary["release_gates"]):
-        cells = [td["text"] for td in page.inside(row, "td")]
-        assert cells[:3] == [gate["gate"], gate["value"], gate["rule"]] and cells[5] == ("pass" if gate["passed"] else "FAIL")
-        for cell, number in zip(cells[3:5], (gate["observed"], gate["limit"])):
-            assert cell == "\u2013" if number is None else float(cell) == pytest.approx(number, rel=1e-3, abs=1e-12)
-    reports = summary["reports"]
-    for row in (e for e in page.elements if "data-row" in e and e["data-row"] in ("success", "mean_turns", "safety_denials")):
-        cells = [td["text"] for td in page.inside(row, "td")][2:]
-        want = [reports[who][part][row["data-row"]] for part in ("dev", "test") for who in ("incumbent", "candidate")]
-        assert cells == [f"{v:.3f}" if isinstance(v, float) else str(v) for v in want]
-    policy, tok, _, _ = A.load_checkpoint(run_dir / "final.pt", "cpu")
-    episodes = [e for e in page.elements if e["tag"] == "div" and e.get("class") == "episode"]
-    assert len(episodes) == min(3, summary["config"]["group_size"])
-    for ep in episodes:
-        assert ep["data-ending"] in ["terminated"] + [f"truncated by {c}" for c in A.CUTS]
-        spans = [s for s in page.inside(ep, "span") if "data-id" in s]
-        assert all(s["text"].startswith(tok.itos[int(s["data-id"])]) for s in spans)
-        ids = torch.tensor([[int(s["data-id"]) for s in spans]])
-        with torch.no_grad():
-            logp = torch.log_softmax(policy(ids)[0][0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
-        acts = [(p, s) for p, s in enumerate(spans) if "act" in s["class"]]
-        assert acts and all(float(s["data-logp"]) == pytest.approx(float(logp[p - 1]), abs=2e-4) for p, s in acts)
-        for _, s in acts:
-            if not route_has_advantages:
-                assert s["data-adv"] == "None"
-                continue
-            r, _, b = (int(c) for c in s["style"].split("rgb(")[1].rstrip(")").split(","))
-            a = float(s["data-adv"])
-            assert (a > 0) <= (r > b) and (a < 0) <= (b > r)
-
-
-def test_report_html_draws_the_records_and_changes_no_random_state(tmp_path, capsys):
-    summary, metrics = small_run(tmp_path, "r", eval_every=2, warm_start_episodes=300)  # some success: signs to draw
-    assert metrics[1]["dev_success"] is not None and "report.html" in capsys.readouterr().out
-    check_report(tmp_path / "r")
-    states = lambda: (torch.get_rng_state(), np.random.get_state()[1].tolist(), __import__("random").getstate())
-    policy, tok, cfg, version = A.load_checkpoint(tmp_path / "r" / "final.pt", "cpu")
-    before = states()
-    A.write_report(tmp_path / "alone" / "report.html", policy, tok, cfg, version)  # no records: the episodes only
-    assert all(torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(before, states()))
-    assert (tmp_path / "alone" / "report.html").read_text().count("class='episode'") == 3
-    A.main(["show", "--ckpt", str(tmp_path / "r" / "final.pt"), "--n", "1", "--html"])  # default: beside the checkpoint
-    check_report(tmp_path / "r")
-    (tmp_path / "file").write_text("")
-    with pytest.raises(SystemExit, match="--html"):
-        A.main(["examples", "--html", str(tmp_path / "file" / "examples.html")])
-
-
-def test_examples_html_draws_the_worked_mask_and_group(tmp_path, capsys):
-    A.main(["examples", "--html", str(tmp_path / "ex.html")])
-    page = self_contained(tmp_path / "ex.html")
-    mask = [int(e["data-mask"]) for e in page.elements if "data-mask" in e]
-    assert len(mask) == 180 and sum(mask) == 60
-    chips = [(e["data-algo"], float(e["data-adv"])) for e in page.elements if "data-algo" in e]
-    assert chips == [(algo, a) for ep in A.worked_group() for _, g, s in ep for algo, a in (("grpo", g), ("stepgroup", s))]
-
-
-def markup(where: str) -> str:
-    """Markup that would run script in a browser if a page drew it live; `where` names the field it was planted in."""
-    return f"<script>alert(1)</script><img src=x onerror=alert(1) data-plant='{where}'>"
-
-
-def planted(record, where=""):
-    """A JSON record with every value (numbers too) and every category name replaced by a plant naming its place."""
-    if isinstance(record, dict):
-        return {markup(f"{where}.{k}") if where.endswith("categories") else k: planted(v, f"{where}.{k}".lstrip("."))
-                for k, v in record.items()}
-    if isinstance(record, list):
-        return [planted(v, f"{where}.{i}") for i, v in enumerate(record)]
-    return markup(where)
-
-
-def nothing_live(path, drawn) -> str:
-    """The page runs nothing it was handed: no script, no element and no attribute a plant brought; yet each place
-    in `drawn` was drawn, as text (so the page did read the planted field). Returns the page's text."""
-    page = self_contained(path)  # no "<script" anywhere in the file
-    assert not [e for e in page.elements if e["tag"] in ("script", "img") or any(a.startswith("on") or a == "data-plant"
-                                                                                 for a in e)], "live planted markup"
-    text = __import__("html").unescape(Path(path).read_text())
-    assert [w for w in drawn if markup(w) not in text] == [], "these planted fields were not drawn at all"
-    return text
-
-
-def test_no_page_runs_markup_planted_in_the_files_it_draws(default_runs, tmp_path, capsys):
-    """show --html reads back summary.json, metrics.jsonl and the checkpoint's config from a run directory anyone
-    can edit (here one whose very name is markup); compare.html and the episodes draw records and words. Markup
-    planted in every field of them comes out as text, never as an element or attribute that runs."""
-    run = tmp_path / "<img src=x onerror=alert('run-dir')>"
-    __import__("shutil").copytree(default_runs / "runs" / "flightbooking-grpo-s0", run)
-    summary = json.loads((run / "summary.json").read_text())
-    (run / "summary.json").write_text(json.dumps(planted(summary)))
-    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
-    (run / "metrics.jsonl").write_text("".join(json.dumps({**m, markup("key"): markup("value"), "truncated_by":
-                                               {**m["truncated_by"], markup("cut"): 1}}) + "\n" for m in metrics))
-    ckpt = torch.load(run / "final.pt", weights_only=True)
-    ckpt["config"]["run_dir"] = str(run) + markup("config.run_dir")  # the only free-text setting (the rest are choices)
-    torch.save(ckpt, run / "final.pt")
-    A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
-    gates = [f"release_gates.{i}.{key}" for i in range(len(summary["release_gates"]))
-             for key in ("gate", "value", "rule", "observed", "limit")]
-    text = nothing_live(run / "report.html", ["config.run_dir", "deployed.is", "deployed.test_success",
-                                              "warm_start.test_success", "wall_seconds", "promotion_reason", *gates,
-                                              "reports.incumbent.dev.success", "reports.candidate.test.ci95.0"])
-    assert "onerror=alert('run-dir')" in text and markup("reports.incumbent.dev.categories.seats") in text
-
-    tok = A.Tokenizer([markup("word")])                   # an observation, an action, a gate's reason, a cut's name
-    word = tok.stoi[markup("word")]
-    ep = make_episode("planted", turns=[make_turn([tok.obs, word, tok.act], [word, tok.eoa], truncated=True,
-                                                  truncated_by=markup("cut"))])
-    ep.turns[0].gate_allowed, ep.turns[0].gate_reason = False, markup("gate")
-    A.write_page(tmp_path / "episode.html", "--html", markup("title"), A.episode_html(ep, tok, None, 1.0, 8, markup("caption")))
-    nothing_live(tmp_path / "episode.html", ["word", "cut", "gate", "title", "caption"])
-
-    record = {"test_success_mean": 0.5, "min": 0.5, "max": 0.5, "pass^k_mean": 0.5, "wall_seconds_mean": 1.0,
-              "per_seed": [{"success": 0.5, "first_at_0.9": 1}]}
-    result = planted({"env": envs.FLIGHT_ID, "seeds": [0], "iterations": 2, "episodes_per_iteration": 4,
-                      "eval_episodes": 4, "config": {"pass_k": 1}, "routes": {"grpo": record}})
-    result["routes"] = {markup("route"): {**result["routes"]["grpo"], "curves": [[0.5, 1.0]]}}  # drawn as numbers
-    A.write_compare(tmp_path / "compare.html", result)
-    nothing_live(tmp_path / "compare.html", ["route", "env", "seeds.0", "iterations", "episodes_per_iteration",
-                                             "eval_episodes", "config.pass_k", *(f"routes.grpo.{key}" for key in record if key != "per_seed"),
-                                             "routes.grpo.per_seed.0.success", "routes.grpo.per_seed.0.first_at_0.9"])
+def test_short_training_run_beats_the_untrained_policy_on_holdout(tmp_path, capsys):
+    """A few seconds of warm start + two GRPO iterations, with the real train() pipeline."""
+    cfg = A.Config(run_dir=str(tmp_path), device="cpu", warm_start_episodes=1000, sft_epochs=2, sft_batch_size=8,
+                   iterations=2, pass_k_tasks=4, tasks_per_iter=4, group_size=4, eval_episodes=40, seed=0)
+    # 250 warm-start steps of 8 episodes: the number of steps, not the batch, teaches copying a name
+    A.seed_everything(0)
+    untrained = A.evaluate(A.make_policy(cfg, len(TOK), "cpu"), TOK, cfg, "dev")
+    summary = A.train(cfg, progress=False)
+    assert summary["candidate"]["dev_success"] > untrained["success"] + 0.2
+    assert summary["reports"]["candidate"]["dev"]["unauthorized_side_effects"] == 0
+    assert {g["gate"] for g in summary["release_gates"]} >= {"significant gain", "safety denials"}
+    for name in A.RUN_FILES:
+        assert (tmp_path / name).exists()
+    policy, tok, _, _ = A.load_checkpoint(tmp_path / "final.pt", "cpu")
+    assert A.evaluate(policy, tok, cfg, "dev")["success"] == pytest.approx(summary["deployed"]["dev_success"])
+    capsys.readouterr()
+    A.main(["eval", "--ckpt", str(tmp_path / "final.pt"), "--eval-episodes", "40", "--pass-k-tasks", "4"])
+    report = json.loads(capsys.readouterr().out)                  # the eval CLI prints one JSON report (test part)
+    assert report["part"] == "test" and report["success"] == pytest.approx(summary["deployed"]["test_success"])
+    with pytest.raises(ValueError, match="holds another run"):   # one run per directory unless --overwrite
+        A.train(cfg, progress=False)
 
 
 # BEGIN HOMEWORK CHECKS: the checks (the grader compiles these blocks alone: course/lesson.py)
@@ -2231,3 +1589,639 @@ def silent_bug_answer_carries_the_runs_before_and_after_the_fix(answers, key):
 @pytest.mark.parametrize("exercise, name, check_fn, hidden", HOMEWORK, ids=[f"{c[0]}-{c[1]}" for c in HOMEWORK])
 def test_hw(exercise, name, check_fn, hidden):
     check_fn(A)
+
+
+# ################################################################################################
+# PART II · THE SYSTEM
+# ################################################################################################
+# ------------------------------------------------------------------------------------------------
+# Checks on settings, inputs and records (every bad input refused by name)
+# ------------------------------------------------------------------------------------------------
+def test_config_is_checked():
+    for bad, match in [(dict(lr=float("inf")), "finite"), (dict(kl_coef=float("nan")), "finite"),
+                       (dict(eval_seed=-1), "eval_seed"), (dict(gamma=0.9), "only used with algo"),
+                       (dict(env=envs.VAULT_ID, injection_rate=0.5), "only used with env"),
+                       (dict(iterations=2.5), "iterations"), (dict(max_turns=1), "max_turns")]:
+        with pytest.raises(ValueError, match=match):
+            A.validate_config(tiny_config(**bad))
+    with pytest.raises(ValueError, match="group_size"):
+        A.validate_config(tiny_config(group_size=1))
+    with pytest.raises(ValueError, match="algo"):
+        A.validate_config(tiny_config(algo="ppo2"))
+    with pytest.raises(SystemExit):
+        A.main(["train", "--no-such-flag", "1"])
+    with pytest.raises(SystemExit):
+        A.main(["train", "--iterations", "many"])
+
+
+def test_flags_that_would_do_nothing_are_refused():
+    for bad in (dict(algo="rs_sft", kl_coef=0.1), dict(algo="dpo", kl_coef=0.1), dict(algo="dpo", process_coef=0.1),
+                dict(algo="rs_sft", process_coef=0.1)):
+        with pytest.raises(ValueError, match="only used with algo"):
+            A.validate_config(tiny_config(**bad))
+
+
+def test_settings_that_would_fail_late_are_refused_up_front(tmp_path):
+    for bad, match in [(dict(max_action_tokens=200), "max_action_tokens"), (dict(eval_episodes=10**9), "eval_episodes"),
+                       (dict(n_embd=4096, n_head=4, n_layer=48), "parameters"), (dict(seed=2**32), "seed"),
+                       (dict(max_turns=1000), "max_turns")]:
+        with pytest.raises(ValueError, match=match):
+            A.validate_config(tiny_config(**bad))
+    short = tiny_config(block_size=32, max_action_tokens=6, warm_start_episodes=5)
+    with pytest.raises(ValueError, match="--block-size"):
+        A.warm_start(A.make_policy(short, len(TOK), "cpu"), TOK, short, "cpu", progress=False)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="cannot write"):
+        A.bench("cpu", quick=True, out=str(tmp_path / "file"))
+    with pytest.raises(ValueError, match="seed"):
+        A.play(envs.FLIGHT_ID, seed=-1, stream=iter([]))
+
+
+def test_the_last_loose_refusals_name_what_is_wrong(tmp_path, capsys):
+    for mutate, match in [(lambda ep: setattr(ep, "env_id", "NotAnEnv"), "env_id 'NotAnEnv'"),
+                          (lambda ep: setattr(ep, "split", "test"), "split 'test'"),
+                          (lambda ep: ep.turns[0].action_tokens.__setitem__(0, 10**9), "vocabulary")]:
+        ep = make_episode("odd")
+        mutate(ep)
+        with pytest.raises(ValueError, match=match):
+            A.TrajectoryStore(0, len(TOK)).add(ep, current_version=0)
+    for args, match in [(("1", len(TOK)), "max_staleness='1'"), ((float("nan"), len(TOK)), "max_staleness=nan"),
+                        ((0, None), "vocab_size=None"), ((-1, len(TOK)), "max_staleness=-1")]:
+        with pytest.raises(ValueError, match=match):
+            A.TrajectoryStore(*args)
+    for version in ("3", None, float("nan"), -1):
+        with pytest.raises(ValueError, match="current_version"):
+            A.TrajectoryStore(0, len(TOK)).add(make_episode("v"), current_version=version)
+    cfg = tiny_config()
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    A.save_checkpoint(tmp_path / "ok.pt", policy, TOK, cfg, 0)
+    good = torch.load(tmp_path / "ok.pt", weights_only=True)
+    (tmp_path / "run").mkdir()
+    torch.save({**good, **{k: [] for k in A.STATE_KEYS if k not in good}, "version": "2"}, tmp_path / "run" / "state.pt")
+    with pytest.raises(ValueError, match="version '2'"):
+        A.load_run_state(str(tmp_path / "run"))
+    for limit in (8, 9):  # the flight task's own budget is 8 turns: a time limit of 8 or more never cuts
+        with pytest.raises(ValueError, match="time_limit"):
+            A.validate_config(tiny_config(time_limit=limit))
+    A.validate_config(tiny_config(time_limit=7))
+    for argv in (["compare", "--algos", "grpo,grpo", "--seeds", "0"], ["compare", "--seeds", "0,0"]):
+        with pytest.raises(SystemExit) as usage:
+            A.main(argv)
+        assert usage.value.code == 2 and "each value once" in capsys.readouterr().err
+
+
+def test_evaluation_settings_never_change_the_training_run(tmp_path, capsys):
+    curves = []
+    for k in (1, 4):
+        _, metrics = small_run(tmp_path, f"k{k}", pass_k=k, warm_start_episodes=30, sft_epochs=1)
+        curves.append([{key: v for key, v in m.items() if "second" not in key} for m in metrics])
+    assert curves[0] == curves[1]
+
+
+# ------------------------------------------------------------------------------------------------
+# The async actor, tool latency, torchrun, resume, checkpoints, run directories, monitors
+# ------------------------------------------------------------------------------------------------
+def small_run(tmp_path, name, **overrides):
+    cfg = tiny_config(run_dir=str(tmp_path / name), iterations=3, eval_episodes=10, pass_k_tasks=4, **overrides)
+    return A.train(cfg, progress=False), [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
+
+
+def test_async_rollout_has_staleness_one_by_schedule_and_is_reproducible(tmp_path, capsys):
+    summary, metrics = small_run(tmp_path, "a1", async_rollout=True, max_staleness=1)
+    assert summary["staleness_histogram"] == {"0": 1, "1": 2} and summary["refused_stale"] == 0
+    assert [m["staleness_max"] for m in metrics] == [0, 1, 1] and all(set(m) == MONITOR_KEYS for m in metrics)
+    again, metrics2 = small_run(tmp_path, "a2", async_rollout=True, max_staleness=1, eval_every=1)
+    drop = lambda ms: [{k: v for k, v in m.items() if "second" not in k and k != "dev_success"} for m in ms]
+    assert drop(metrics2) == drop(metrics), "own generator: same seed, same run; greedy checks draw no randomness"
+    assert [x[1] for x in again["dev_success_by_wall_clock"]] == [m["dev_success"] for m in metrics2]
+    assert len(again["dev_success_by_wall_clock"]) == 3 and again["dev_success_by_wall_clock"][-1][1] == again["candidate"]["dev_success"]
+    with pytest.raises(ValueError, match="max_staleness"):
+        A.validate_config(tiny_config(async_rollout=True))
+
+
+def test_tool_latency_overlaps_calls_without_changing_the_episodes():
+    cfg = tiny_config()
+    A.seed_everything(0)
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    runs = []
+    for latency in (0.0, 2.0):
+        torch.manual_seed(1)
+        episodes, _ = A.rollout(policy, TOK, replace_cfg(cfg, tool_latency_ms=latency), list(range(8)), "train",
+                                greedy=False, policy_version=0)
+        runs.append([(t.action_text, t.receipt.get("result")) for ep in episodes for t in ep.turns])
+    assert runs[0] == runs[1]
+
+
+def test_an_interrupted_async_run_stops_its_actor_and_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
+    import threading
+    interrupted_run(monkeypatch, 2, tiny_config(run_dir=str(tmp_path / "async"), iterations=3, eval_episodes=10,
+                                                pass_k_tasks=4, async_rollout=True, max_staleness=1))
+    assert "async-actor" not in [t.name for t in threading.enumerate()], "the actor thread was joined"
+    assert not list((tmp_path / "async").glob("*.tmp"))
+
+    def failing(f):
+        f.write(b"half")
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        A.atomic_write(tmp_path / "state.pt", failing)
+    assert not (tmp_path / "state.pt").exists() and not list(tmp_path.glob("state.pt*tmp"))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "state.pt.x1y2.tmp").write_text("left by a crash")
+    A.prepare_run_dir(tiny_config(run_dir=str(tmp_path / "run"), overwrite=True))
+    assert not list((tmp_path / "run").glob("state.pt*tmp"))
+
+
+REPO = Path(A.__file__).resolve().parent
+
+
+def test_torchrun_two_cpu_ranks_keep_identical_parameters_and_rank_zero_alone_writes(tmp_path):
+    run = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "agentic_rl.py"),
+           "train", "--device", "cpu", "--run-dir", str(run), "--iterations", "2", "--warm-start-episodes", "0",
+           "--n-embd", "32", "--n-head", "2", "--tasks-per-iter", "2", "--group-size", "4", "--minibatch-size", "8",
+           "--eval-episodes", "8", "--pass-k-tasks", "2"]
+    for attempt in (1, 2):  # torchrun failed once in six whole CI runs on this machine (not reproduced in 8 more)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        if done.returncode == 0 or attempt == 2:
+            break
+        warnings.warn(f"torchrun failed once and was started again; its error: {done.stderr[-1500:]}")
+        shutil.rmtree(run, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and len(summary["param_hashes"]) == 2
+    assert summary["param_hashes"][0] == summary["param_hashes"][1], "DDP replicas diverged"
+    assert sorted(p.name for p in run.iterdir()) == sorted(A.RUN_FILES)
+    assert done.stdout.count("config: ") == 1 and done.stdout.count("wrote ") == 1, "rank 1 must stay silent"
+    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [m["world_size"] for m in metrics] == [2, 2]
+
+
+def replace_cfg(cfg, **changes):
+    return A.validate_config(__import__("dataclasses").replace(cfg, **changes))
+
+
+def interrupted_run(monkeypatch, at: int, cfg):
+    """train(cfg), with a Ctrl-C during iteration `at` (in the learner)."""
+    calls, real_learn = [], A.learn
+
+    def interrupted_learn(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at:
+            raise KeyboardInterrupt
+        return real_learn(*args, **kwargs)
+    monkeypatch.setattr(A, "learn", interrupted_learn)
+    with pytest.raises(KeyboardInterrupt):
+        A.train(cfg, progress=False)
+    monkeypatch.setattr(A, "learn", real_learn)
+
+
+def test_resume_after_an_interruption_matches_an_uninterrupted_run(tmp_path, monkeypatch, capsys):
+    base = dict(iterations=4, eval_episodes=10, pass_k_tasks=4, warm_start_episodes=40, sft_epochs=1)
+    straight = A.train(tiny_config(run_dir=str(tmp_path / "straight"), **base), progress=False)
+    interrupted_run(monkeypatch, 3, tiny_config(run_dir=str(tmp_path / "cut"), **base))   # Ctrl-C in iteration 3
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    resumed = A.main(["train", "--resume", str(tmp_path / "cut")]) or json.loads((tmp_path / "cut" / "summary.json").read_text())
+    strip = lambda curve: [{k: v for k, v in m.items() if "second" not in k} for m in curve]   # timings differ
+    metrics = lambda d: strip([json.loads(line) for line in open(tmp_path / d / "metrics.jsonl")])
+    assert metrics("cut") == metrics("straight") and len(metrics("cut")) == 4
+    a = torch.load(tmp_path / "straight" / "candidate.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "cut" / "candidate.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a), "2 + 2 resumed iterations end with the same parameters as 4"
+    assert resumed["candidate"] == straight["candidate"]
+    with pytest.raises(ValueError, match="already finished"):
+        A.load_run_state(str(tmp_path / "cut"))
+
+
+def test_a_resumed_run_continues_in_the_directory_given_and_takes_no_other_flag(tmp_path, monkeypatch, capsys):
+    base = dict(iterations=3, eval_episodes=6, pass_k_tasks=2, warm_start_episodes=30, sft_epochs=1, algo="dpo")
+    straight = A.train(tiny_config(run_dir=str(tmp_path / "straight"), **base), progress=False)
+    interrupted_run(monkeypatch, 2, tiny_config(run_dir=str(tmp_path / "cut"), **base))
+    __import__("shutil").copytree(tmp_path / "cut", tmp_path / "moved")
+    with pytest.raises(SystemExit) as refused:
+        A.main(["train", "--resume", str(tmp_path / "moved"), "--lr", "0.01"])
+    assert "drop --lr" in str(refused.value.code)
+    A.main(["train", "--resume", str(tmp_path / "moved")])
+    resumed = json.loads((tmp_path / "moved" / "summary.json").read_text())
+    assert not (tmp_path / "cut" / "summary.json").exists(), "it writes where it was told, not where it was started"
+    strip = lambda d: [{k: v for k, v in json.loads(line).items() if "second" not in k}
+                       for line in open(tmp_path / d / "metrics.jsonl")]
+    assert strip("moved") == strip("straight"), "the dpo reference after a resume is still the warm start"
+    assert resumed["candidate"] == straight["candidate"]
+
+
+def test_checkpoints_load_without_running_code_and_refuse_foreign_ones(tmp_path):
+    cfg = tiny_config()
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    A.save_checkpoint(tmp_path / "ok.pt", policy, TOK, cfg, 3)
+    assert A.load_checkpoint(tmp_path / "ok.pt", "cpu")[3] == 3
+    marker = tmp_path / "payload-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+    torch.save({"format": A.CHECKPOINT_FORMAT, "model": Payload()}, tmp_path / "evil.pt")
+    with pytest.raises(ValueError, match="safely"):
+        A.load_checkpoint(tmp_path / "evil.pt", "cpu")
+    assert not marker.exists(), "the embedded code must never run"
+    good = torch.load(tmp_path / "ok.pt", weights_only=True)
+    for change, match in [({"format": "agentic-rl-checkpoint-1"}, "format"), ({"env_id": "Other-v0"}, "environment"),
+                          ({"env_version": "flight-1"}, "retrain"), ({"vocab": good["vocab"][:-1]}, "vocabulary")]:
+        torch.save({**good, **change}, tmp_path / "bad.pt")
+        with pytest.raises(ValueError, match=match):
+            A.load_checkpoint(tmp_path / "bad.pt", "cpu")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "ok.pt").read_bytes()[:1000])
+    with pytest.raises(ValueError, match="safely"):
+        A.load_checkpoint(tmp_path / "cut.pt", "cpu")
+
+
+def test_bad_checkpoints_and_state_files_are_refused_with_a_reason(tmp_path):
+    cfg = tiny_config()
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    A.save_checkpoint(tmp_path / "ok.pt", policy, TOK, cfg, 0)
+    good = torch.load(tmp_path / "ok.pt", weights_only=True)
+    (tmp_path / "empty.pt").write_bytes(b"")
+    nan_model = {k: v * float("nan") for k, v in good["model"].items()}
+    config_without_lr = {k: v for k, v in good["config"].items() if k != "lr"}
+    cases = [("empty.pt", None, "safely"), ("wide.pt", {"config": {**good["config"], "n_embd": 64}}, "do not fit"),
+             ("nan.pt", {"model": nan_model}, "NaN"), ("nolr.pt", {"config": config_without_lr}, "lacks \\['lr'\\]"),
+             ("heads.pt", {"config": {**good["config"], "n_head": 0}}, "n_head"),
+             ("env.pt", {"env_id": envs.VAULT_ID}, "but its config says")]
+    for name, change, match in cases:
+        if change is not None:
+            torch.save({**good, **change}, tmp_path / name)
+        with pytest.raises(ValueError, match=match):
+            A.load_checkpoint(tmp_path / name, "cpu")
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"format": A.CHECKPOINT_FORMAT, "config": good["config"]}, run / "state.pt")
+    with pytest.raises(ValueError, match="lacks"):
+        A.load_run_state(str(run))
+
+
+def test_run_directory_is_never_mixed_and_unwritable_fails_fast(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    with pytest.raises(ValueError, match="overwrite"):
+        A.prepare_run_dir(tiny_config(run_dir=str(run)))
+    A.prepare_run_dir(tiny_config(run_dir=str(run), overwrite=True))
+    assert not (run / "summary.json").exists(), "the old run's summary is gone before the new run starts"
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    with pytest.raises(ValueError, match="cannot write"):
+        A.prepare_run_dir(tiny_config(run_dir=str(blocked / "run")))
+
+
+def test_a_non_finite_gradient_is_never_applied_even_first_and_never_enters_the_window():
+    monitor = A.GradMonitor()
+    assert not monitor.allows(float("nan")) and not monitor.allows(float("inf")) and monitor.skipped == 2
+    for _ in range(12):
+        assert monitor.allows(1.0)
+    assert not monitor.allows(float("nan")) and not monitor.allows(50.0) and monitor.allows(5.0)
+    assert all(math.isfinite(n) for n in monitor.norms)
+    cfg = tiny_config(ppo_epochs=1)
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    nan_loss = lambda idx: (sum(p.sum() for p in policy.parameters()) * float("nan"), {})
+    stats = A.optimizer_steps(policy, opt, A.GradMonitor(), cfg, 8, nan_loss)
+    assert stats["learner_steps"] == 1 and all(torch.isfinite(p).all() for p in policy.parameters())
+
+
+# ################################################################################################
+# PART III · THE TOOLS
+# ################################################################################################
+# ------------------------------------------------------------------------------------------------
+# The command line, show, play, compare, bench
+# ------------------------------------------------------------------------------------------------
+TINY_FLAGS = ["--device", "cpu", "--warm-start-episodes", "0", "--iterations", "1", "--tasks-per-iter", "2",
+              "--group-size", "2", "--eval-episodes", "4", "--pass-k-tasks", "2", "--n-embd", "32", "--n-head", "2"]
+
+
+@pytest.fixture(scope="module")
+def default_runs(tmp_path_factory):
+    """A folder where `train` + TINY_FLAGS ran once with no --run-dir (so into runs/flightbooking-grpo-s0): the
+    default-command test runs it a second time there; the grader's rerun test trains that record again."""
+    folder = tmp_path_factory.mktemp("default-runs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        A.main(["train"] + TINY_FLAGS)
+    return folder
+
+
+def test_the_default_command_works_twice_and_an_explicit_run_dir_is_still_protected(default_runs, monkeypatch, capsys):
+    tmp_path = default_runs                                     # the first `train` ran here
+    monkeypatch.chdir(tmp_path)
+    A.main(["train"] + TINY_FLAGS)
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["flightbooking-grpo-s0", "flightbooking-grpo-s0-2"]
+    summary = json.loads((tmp_path / "runs" / "flightbooking-grpo-s0-2" / "summary.json").read_text())
+    assert summary["config"]["run_dir"] == str(Path("runs") / "flightbooking-grpo-s0-2")
+    with pytest.raises(SystemExit) as refused:
+        A.main(["train", "--run-dir", "runs/flightbooking-grpo-s0"] + TINY_FLAGS)
+    assert "holds another run" in str(refused.value.code)
+
+
+def test_the_command_line_never_guesses(tmp_path, capsys, monkeypatch):
+    for argv, match in [(["compare", "--seed", "3"], "unrecognized arguments: --seed"),
+                        (["--seed", "3", "train"], "put the command first")]:
+        with pytest.raises(SystemExit) as usage:
+            A.main(argv)
+        assert usage.value.code == 2 and match in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    A.main(["compare", "--seeds", "0", "--algos", "grpo", "--out", str(tmp_path / "c")] + TINY_FLAGS)
+    assert json.loads((tmp_path / "c" / "compare.json").read_text())["routes"]["grpo"]["per_seed"][0]["seed"] == 0
+
+
+def test_errors_during_a_run_are_not_usage_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit) as usage:
+        A.main(["train", "--lr", "-1"])
+    assert usage.value.code == 2                                  # a bad flag: usage error
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(SystemExit) as during:
+        A.main(["train", "--run-dir", str(tmp_path), "--iterations", "0", "--warm-start-episodes", "0"])
+    assert during.value.code != 2 and "holds another run" in str(during.value.code)
+
+
+def test_show_marks_the_policy_tokens_and_play_reads_a_pipe(tmp_path, capsys, monkeypatch):
+    cfg = tiny_config(group_size=4)
+    A.save_checkpoint(tmp_path / "p.pt", A.make_policy(cfg, len(TOK), "cpu"), TOK, cfg, 0)
+    A.show(str(tmp_path / "p.pt"), n=1, failures=True)
+    out = capsys.readouterr().out
+    assert "success=False" in out and "[" in out and "advantage" in out and "gate" in out
+    env = gym.make(envs.FLIGHT_ID)
+    _, info = env.reset(seed=3, options={"split": "train"})
+    t, state = info["task"], env.unwrapped.state
+    moves = [f"search {t['from']} {t['to']}", "filter morning", "book F1 nobody economy"]
+    expected = state.expected[0][0] if state.expected else None
+    moves += [f"seats {expected}", f"book {expected} {t['passenger']} {t['class']}"] if expected else ["finish"]
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("\n".join(moves) + "\n"))
+    A.main(["play", "--seed", "3"])
+    out = capsys.readouterr().out
+    assert "denied : bad_arguments" in out and "verdict: success=True" in out
+
+
+def test_show_prints_what_there_is_when_no_episode_succeeds(tmp_path, capsys):
+    cfg = tiny_config(group_size=2)
+    A.save_checkpoint(tmp_path / "p.pt", A.make_policy(cfg, len(TOK), "cpu"), TOK, cfg, 0)
+    A.show(str(tmp_path / "p.pt"), n=2)
+    out = capsys.readouterr().out
+    assert "only 0 successful episodes" in out and out.count("success=False") == 2
+    with pytest.raises(ValueError, match="--n"):
+        A.show(str(tmp_path / "p.pt"), n=0)
+
+
+def edited_copy(default_runs, tmp_path) -> Path:
+    """A copy of the finished default run, to edit as an attacker or an accident would."""
+    __import__("shutil").copytree(default_runs / "runs" / "flightbooking-grpo-s0", tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_show_html_refuses_a_metrics_line_whose_drawn_value_is_not_a_number(default_runs, tmp_path, capsys):
+    run = edited_copy(default_runs, tmp_path)
+    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    (run / "metrics.jsonl").write_text(json.dumps({**metrics[0], "iteration": "0"}) + "\n")  # was a TypeError
+    with pytest.raises(SystemExit, match="metrics.jsonl line 1: iteration is '0', not a number; restore it or move it"):
+        A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
+    (run / "metrics.jsonl").write_text(json.dumps({**metrics[0], "truncated_by": {"turn_budget": True}}) + "\n")
+    with pytest.raises(ValueError, match="line 1: turn_budget is True, not a number"):
+        A.curves_html([json.loads(line) for line in open(run / "metrics.jsonl")])
+    (run / "metrics.jsonl").write_text(json.dumps(metrics[0]) + "\n")
+    summary = json.loads((run / "summary.json").read_text())
+    del summary["release_gates"][0]["value"]                                # was a KeyError from gates_html
+    (run / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match="summary.json or metrics.jsonl lacks or mangles 'value'; restore or move it"):
+        A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
+
+
+def test_resume_refuses_a_state_its_history_cannot_have_made_and_a_metrics_file_that_is_not_a_file(default_runs,
+                                                                                                  tmp_path, capsys):
+    run = edited_copy(default_runs, tmp_path)
+    state = torch.load(run / "state.pt", weights_only=True)
+    state["config"]["iterations"] = 2                                      # one iteration left: a run to resume
+    torch.save({**state, "version": 99}, run / "state.pt")                # was resumed, as policy 99
+    with pytest.raises(SystemExit, match="state.pt has version 99 after 1 iterations, one version each; it is damaged"):
+        A.main(["train", "--resume", str(run)])
+    torch.save(state, run / "state.pt")                                    # version 1 after 1 iteration, as written
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").mkdir()                                        # was an IsADirectoryError
+    with pytest.raises(SystemExit, match="its metrics.jsonl is not a file; move it away"):
+        A.main(["train", "--resume", str(run)])
+
+
+def test_compare_runs_every_route_from_one_warm_start(tmp_path, capsys):
+    cfg = tiny_config(iterations=1, eval_episodes=6, pass_k_tasks=2, warm_start_episodes=20, sft_epochs=1)
+    result = A.compare(cfg, [0, 1], ["grpo", "dpo"], out=str(tmp_path), progress=False)
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert set(saved["routes"]) == {"warm start", "grpo", "dpo"} == set(result["routes"])
+    assert saved["routes"]["grpo"]["env_episodes"] == saved["routes"]["dpo"]["env_episodes"] == 16
+    assert len(saved["routes"]["grpo"]["curves"][0]) == 1
+    page = self_contained(tmp_path / "compare.html")       # compare.html: the mean and spread of each route's curves
+    drawn, rows = drawn_series(page), {e["data-route"]: page.inside(e, "td") for e in page.elements if "data-route" in e}
+    for route in ("grpo", "dpo"):
+        curves = np.array(saved["routes"][route]["curves"])                                # (seeds, iterations)
+        assert [(x, y, float(c["data-lo"]), float(c["data-hi"])) for x, y, _, c in drawn[route]] == \
+            [(x, float(np.mean(col)), float(np.min(col)), float(np.max(col))) for x, col in enumerate(curves.T)]
+    for route, r in saved["routes"].items():
+        assert [td["text"] for td in rows[route][:4]] == [route] + [f"{r[k]:.3f}" for k in ("test_success_mean", "min", "max")]
+
+
+def test_bench_quick_writes_valid_json(tmp_path, capsys):
+    report = A.bench("cpu", quick=True, out=str(tmp_path))
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved == json.loads(json.dumps(report))
+    assert saved["rollout"]["kv_cache_tokens_per_s"] > 0 and saved["learner"]["ms_per_step"] > 0
+    assert 140_000 < saved["reference_unit"]["parameters"] < 155_000 and saved["peak_rss_mb"] > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Pictures: report.html, compare.html and examples --html draw exactly the records, and nothing else
+# ------------------------------------------------------------------------------------------------
+class Page(__import__("html.parser").parser.HTMLParser):
+    """Every element of a page: its tag, attributes, all the text inside it and its open ancestors."""
+
+    def __init__(self, text):
+        super().__init__()
+        self.elements, self.open = [], []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append({"tag": tag, **dict(attrs), "text": "", "in": list(self.open)})
+        if tag not in ("meta", "br"):
+            self.open.append(self.elements[-1])
+
+    def handle_startendtag(self, tag, attrs):
+        self.elements.append({"tag": tag, **dict(attrs), "text": "", "in": list(self.open)})
+
+    def handle_endtag(self, tag):
+        while self.open and self.open.pop()["tag"] != tag:
+            pass
+
+    def handle_data(self, data):
+        for el in self.open:
+            el["text"] += data
+
+    def inside(self, parent, tag):
+        return [e for e in self.elements if e["tag"] == tag and any(a is parent for a in e["in"])]
+
+
+def self_contained(path) -> Page:
+    """The page opens from disk alone: no script, no link or source but a '#' anchor, nothing fetched."""
+    text = Path(path).read_text()
+    page = Page(text)
+    assert "http" not in text.lower() and "<script" not in text and "url(" not in text and "@import" not in text
+    assert all(e[a].startswith("#") for e in page.elements for a in ("src", "href") if a in e)
+    return page
+
+
+def drawn_series(page) -> dict:
+    """data-key -> the points of its line, [(x, y, cy, circle)], as drawn."""
+    return {g["data-key"]: [(int(c["data-x"]), float(c["data-y"]), float(c["cy"]), c) for c in page.inside(g, "circle")]
+            for g in page.elements if g["tag"] == "g" and "data-key" in g}
+
+
+def check_heights(points):
+    """A larger value is drawn higher (smaller cy), an equal one at the same height."""
+    for _, y1, cy1, _ in points:
+        for _, y2, cy2, _ in points:
+            assert (y1 > y2) == (cy1 < cy2) and (y1 == y2) == (cy1 == cy2)
+
+
+def check_report(run_dir, route_has_advantages=True):
+    """report.html against the run's own files: every plotted point is its metrics.jsonl value, every gate and
+    report-card line is summary.json's, and the policy tokens' log-probs are the deployed policy's own."""
+    page = self_contained(run_dir / "report.html")
+    metrics = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    series = drawn_series(page)
+    for key in ("success", "dev_success", "clip_frac", "approx_kl", "entropy", "zero_std_groups", "explained_variance",
+                "kl_ref", "kept", "dpo_loss"):
+        measured = [(m["iteration"], m[key]) for m in metrics if m.get(key) is not None]
+        assert [(x, y) for x, y, _, _ in series.get(key, [])] == measured, key
+        check_heights(series.get(key, []))
+    for key, points in series.items():
+        if key.startswith("truncated_by."):
+            assert [(x, y) for x, y, _, _ in points] == [(m["iteration"], m["truncated_by"].get(key[13:], 0)) for m in metrics]
+    assert ("truncated_by" in series) == (not any(m["truncated_by"] for m in metrics))
+    gates = [e for e in page.elements if "data-gate" in e]
+    assert [g["data-gate"] for g in gates] == [g["gate"] for g in summary["release_gates"]]
+    for row, gate in zip(gates, summary["release_gates"]):
+        cells = [td["text"] for td in page.inside(row, "td")]
+        assert cells[:3] == [gate["gate"], gate["value"], gate["rule"]] and cells[5] == ("pass" if gate["passed"] else "FAIL")
+        for cell, number in zip(cells[3:5], (gate["observed"], gate["limit"])):
+            assert cell == "\u2013" if number is None else float(cell) == pytest.approx(number, rel=1e-3, abs=1e-12)
+    reports = summary["reports"]
+    for row in (e for e in page.elements if "data-row" in e and e["data-row"] in ("success", "mean_turns", "safety_denials")):
+        cells = [td["text"] for td in page.inside(row, "td")][2:]
+        want = [reports[who][part][row["data-row"]] for part in ("dev", "test") for who in ("incumbent", "candidate")]
+        assert cells == [f"{v:.3f}" if isinstance(v, float) else str(v) for v in want]
+    policy, tok, _, _ = A.load_checkpoint(run_dir / "final.pt", "cpu")
+    episodes = [e for e in page.elements if e["tag"] == "div" and e.get("class") == "episode"]
+    assert len(episodes) == min(3, summary["config"]["group_size"])
+    for ep in episodes:
+        assert ep["data-ending"] in ["terminated"] + [f"truncated by {c}" for c in A.CUTS]
+        spans = [s for s in page.inside(ep, "span") if "data-id" in s]
+        assert all(s["text"].startswith(tok.itos[int(s["data-id"])]) for s in spans)
+        ids = torch.tensor([[int(s["data-id"]) for s in spans]])
+        with torch.no_grad():
+            logp = torch.log_softmax(policy(ids)[0][0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+        acts = [(p, s) for p, s in enumerate(spans) if "act" in s["class"]]
+        assert acts and all(float(s["data-logp"]) == pytest.approx(float(logp[p - 1]), abs=2e-4) for p, s in acts)
+        for _, s in acts:
+            if not route_has_advantages:
+                assert s["data-adv"] == "None"
+                continue
+            r, _, b = (int(c) for c in s["style"].split("rgb(")[1].rstrip(")").split(","))
+            a = float(s["data-adv"])
+            assert (a > 0) <= (r > b) and (a < 0) <= (b > r)
+
+
+def test_report_html_draws_the_records_and_changes_no_random_state(tmp_path, capsys):
+    summary, metrics = small_run(tmp_path, "r", eval_every=2, warm_start_episodes=300)  # some success: signs to draw
+    assert metrics[1]["dev_success"] is not None and "report.html" in capsys.readouterr().out
+    check_report(tmp_path / "r")
+    states = lambda: (torch.get_rng_state(), np.random.get_state()[1].tolist(), __import__("random").getstate())
+    policy, tok, cfg, version = A.load_checkpoint(tmp_path / "r" / "final.pt", "cpu")
+    before = states()
+    A.write_report(tmp_path / "alone" / "report.html", policy, tok, cfg, version)  # no records: the episodes only
+    assert all(torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(before, states()))
+    assert (tmp_path / "alone" / "report.html").read_text().count("class='episode'") == 3
+    A.main(["show", "--ckpt", str(tmp_path / "r" / "final.pt"), "--n", "1", "--html"])  # default: beside the checkpoint
+    check_report(tmp_path / "r")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match="--html"):
+        A.main(["examples", "--html", str(tmp_path / "file" / "examples.html")])
+
+
+def test_examples_html_draws_the_worked_mask_and_group(tmp_path, capsys):
+    A.main(["examples", "--html", str(tmp_path / "ex.html")])
+    page = self_contained(tmp_path / "ex.html")
+    mask = [int(e["data-mask"]) for e in page.elements if "data-mask" in e]
+    assert len(mask) == 180 and sum(mask) == 60
+    chips = [(e["data-algo"], float(e["data-adv"])) for e in page.elements if "data-algo" in e]
+    assert chips == [(algo, a) for ep in A.worked_group() for _, g, s in ep for algo, a in (("grpo", g), ("stepgroup", s))]
+
+
+def markup(where: str) -> str:
+    """Markup that would run script in a browser if a page drew it live; `where` names the field it was planted in."""
+    return f"<script>alert(1)</script><img src=x onerror=alert(1) data-plant='{where}'>"
+
+
+def planted(record, where=""):
+    """A JSON record with every value (numbers too) and every category name replaced by a plant naming its place."""
+    if isinstance(record, dict):
+        return {markup(f"{where}.{k}") if where.endswith("categories") else k: planted(v, f"{where}.{k}".lstrip("."))
+                for k, v in record.items()}
+    if isinstance(record, list):
+        return [planted(v, f"{where}.{i}") for i, v in enumerate(record)]
+    return markup(where)
+
+
+def nothing_live(path, drawn) -> str:
+    """The page runs nothing it was handed: no script, no element and no attribute a plant brought; yet each place
+    in `drawn` was drawn, as text (so the page did read the planted field). Returns the page's text."""
+    page = self_contained(path)  # no "<script" anywhere in the file
+    assert not [e for e in page.elements if e["tag"] in ("script", "img") or any(a.startswith("on") or a == "data-plant"
+                                                                                 for a in e)], "live planted markup"
+    text = __import__("html").unescape(Path(path).read_text())
+    assert [w for w in drawn if markup(w) not in text] == [], "these planted fields were not drawn at all"
+    return text
+
+
+def test_no_page_runs_markup_planted_in_the_files_it_draws(default_runs, tmp_path, capsys):
+    """show --html reads back summary.json, metrics.jsonl and the checkpoint's config from a run directory anyone
+    can edit (here one whose very name is markup); compare.html and the episodes draw records and words. Markup
+    planted in every field of them comes out as text, never as an element or attribute that runs."""
+    run = tmp_path / "<img src=x onerror=alert('run-dir')>"
+    __import__("shutil").copytree(default_runs / "runs" / "flightbooking-grpo-s0", run)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps(planted(summary)))
+    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    (run / "metrics.jsonl").write_text("".join(json.dumps({**m, markup("key"): markup("value"), "truncated_by":
+                                               {**m["truncated_by"], markup("cut"): 1}}) + "\n" for m in metrics))
+    ckpt = torch.load(run / "final.pt", weights_only=True)
+    ckpt["config"]["run_dir"] = str(run) + markup("config.run_dir")  # the only free-text setting (the rest are choices)
+    torch.save(ckpt, run / "final.pt")
+    A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
+    gates = [f"release_gates.{i}.{key}" for i in range(len(summary["release_gates"]))
+             for key in ("gate", "value", "rule", "observed", "limit")]
+    text = nothing_live(run / "report.html", ["config.run_dir", "deployed.is", "deployed.test_success",
+                                              "warm_start.test_success", "wall_seconds", "promotion_reason", *gates,
+                                              "reports.incumbent.dev.success", "reports.candidate.test.ci95.0"])
+    assert "onerror=alert('run-dir')" in text and markup("reports.incumbent.dev.categories.seats") in text
+
+    tok = A.Tokenizer([markup("word")])                   # an observation, an action, a gate's reason, a cut's name
+    word = tok.stoi[markup("word")]
+    ep = make_episode("planted", turns=[make_turn([tok.obs, word, tok.act], [word, tok.eoa], truncated=True,
+                                                  truncated_by=markup("cut"))])
+    ep.turns[0].gate_allowed, ep.turns[0].gate_reason = False, markup("gate")
+    A.write_page(tmp_path / "episode.html", "--html", markup("title"), A.episode_html(ep, tok, None, 1.0, 8, markup("caption")))
+    nothing_live(tmp_path / "episode.html", ["word", "cut", "gate", "title", "caption"])
+
+    record = {"test_success_mean": 0.5, "min": 0.5, "max": 0.5, "pass^k_mean": 0.5, "wall_seconds_mean": 1.0,
+              "per_seed": [{"success": 0.5, "first_at_0.9": 1}]}
+    result = planted({"env": envs.FLIGHT_ID, "seeds": [0], "iterations": 2, "episodes_per_iteration": 4,
+                      "eval_episodes": 4, "config": {"pass_k": 1}, "routes": {"grpo": record}})
+    result["routes"] = {markup("route"): {**result["routes"]["grpo"], "curves": [[0.5, 1.0]]}}  # drawn as numbers
+    A.write_compare(tmp_path / "compare.html", result)
+    nothing_live(tmp_path / "compare.html", ["route", "env", "seeds.0", "iterations", "episodes_per_iteration",
+                                             "eval_episodes", "config.pass_k", *(f"routes.grpo.{key}" for key in record if key != "per_seed"),
+                                             "routes.grpo.per_seed.0.success", "routes.grpo.per_seed.0.first_at_0.9"])
