@@ -3,7 +3,7 @@
 00 · Scope
 ----------
 A tiny GPT policy acts in multi-turn, partially observable text environments (envs.py: flight booking by
-default, code repair, a vault, and a three-leg trip as the long task). Each turn it writes a tool call as
+default, code repair and a vault; `--legs 3` makes each flight task a three-leg trip, the long task). Each turn it writes a tool call as
 tokens; a host gate outside the model validates and authorizes it; the environment executes it and answers
 with an observation that ends with the turns left (unless an experiment hides them), until the episode is
 terminated (an end state) or truncated (a cut, named in the record). Training turns whole trajectories into
@@ -65,6 +65,12 @@ import envs
 # ################################################################################################
 # PART I · THE LOOP
 # One training iteration and its verdict, in the chapter's order (01 to 07), ending in train(): read it first.
+# A first reading follows the demo's own path (grpo): Config's first block; 01 Turn, Episode, HostGate, host_step,
+#   play_episode, host_turn; 02 pack; 03 discounted_returns, group_advantages, group_credit; 04 ppo_clip_loss;
+#   05 warm_start, optimizer_steps, ppo_step_loss, learn, collect; 07 evaluate, report_card, promotion_decision;
+#   then train(). A second reading adds 03's step credit (step_group_advantages, state_key, step_credit) and the
+#   critic routes (should_bootstrap, gae, critic_credit), 04's kl_k3 and dpo_loss, 05's refusals (TrajectoryStore.add)
+#   and, after train(), the other routes and views.
 # ################################################################################################
 @dataclass
 class Config:
@@ -72,9 +78,11 @@ class Config:
     # the RL ideas (a first reading may skim them: each is met where it acts, in 01 to 05)
     algo: str = "grpo"                    # PPO credit: grpo | stepgroup | gae | reinforce (A = G - V); or rs_sft | dpo
     group_size: int = 8                   # G rollouts of the same task (GRPO's group)
-    adv_std: str = "population"           # GRPO scale: population | unbiased (TRL/verl) | none (Dr. GRPO)
+    adv_std: str = "population"           # GRPO scale: population | unbiased (TRL/verl) | none (Dr. GRPO's centring;
+                                          # the loss stays this file's token mean)
     clip_eps: float = 0.2                 # PPO clip range
     ppo_epochs: int = 2                   # passes over each batch: the ratio moves after the first step, the clip acts
+                                          # (rs_sft and dpo make as many passes over theirs)
     gamma: float = 1.0                    # per-turn discount for gae, reinforce and stepgroup's step returns
     lam: float = 0.95                     # GAE lambda
     max_staleness: int = 0                # store refuses episodes more versions old than this (sync 0; async needs >= 1)
@@ -103,7 +111,8 @@ class Config:
     iterations: int = 30                  # rollout -> update rounds; policy_version += 1 each
     tasks_per_iter: int = 16              # train tasks per iteration, each drawn from a seed of its own
     minibatch_size: int = 64              # episodes per optimizer step
-    lr: float = 1e-4                      # AdamW learning rate for RL (3e-4 and up: entropy and invalid actions grow)
+    lr: float = 1e-4                      # AdamW learning rate for RL (README 06, seeds 0-2: 1e-3 promotes one run
+                                          # of three, 3e-3 none: its groups all fail and the gradient is 0)
     max_grad_norm: float = 1.0            # gradient clipping
     async_rollout: bool = False           # an actor samples the next batch (policy v-1) while the learner trains on this one
     resume: str = ""                      # continue the interrupted run in this run directory (train --resume DIR)
@@ -141,7 +150,8 @@ SAFETY_RULES = tuple(r for env_id in envs.ENV_IDS for r in gym.spec(env_id).entr
 
 def make_tokenizer(env_id: str) -> "Tokenizer":
     cls = env_class(env_id)
-    # + what the host can say: denials and rule names ("turn_budget", a cut's name, keeps saved checkpoints' ids)
+    # + what the host can say: denials and rule names. "turn_budget" is never said (the clock is the env's "N left");
+    # the word stays so that checkpoints saved with it keep their token ids
     return Tokenizer(cls.words + ("denied",) + HOST_RULES + ("turn_budget",) + cls.safety_rules)
 
 
@@ -190,6 +200,10 @@ class Turn:
     process_reward: float = 0.0  # the environment's step verifier (info["process_reward"]); not the outcome
 
 
+# The environment's contract (envs.py): reset(seed, options) -> (observation, info); step(action) -> Gymnasium's
+# (observation, reward, terminated, truncated, info); refuse(rule) answers a call the gate denied with the same five
+# ("denied : rule N left", reward 0, nothing executed) and spends a turn like a call. Its own truncated means its turn
+# budget is spent; make_env (Part II) wraps it in gymnasium's TimeLimit, whose truncation is the time_limit cut.
 # The cuts that truncate an episode, who makes each, and whether a value target bootstraps V(s_K) after it:
 #   turn_budget   the environment, once the task's own budget is spent (a denial spends a turn)  no: part of the task
 #   token_budget  the host (host_turn), before the next turn would overflow block_size          yes: from outside
@@ -247,7 +261,8 @@ class GateDecision:
 class HostGate:
     """Deterministic permission gate outside the model, stateful for one episode. Rules: the action is text; the tool
     is known (case-sensitive); its arguments have the right number and kind (`tool_schema`); the environment's own
-    rules (`permission_rule`, e.g. flights: `book` only for the task's passenger). The turn budget is no gate rule:
+    rules (`permission_rule`: flights book only the task's passenger, in the class asked, once per leg; code repair's
+    tests are read-only, no `rm`; the vault opens only a code probed this episode). The turn budget is no gate rule:
     the environment truncates the episode when it is spent, and executes nothing after. A denied action is never
     executed. Safety is this gate, not a reward term: a reward can be traded off against success; a gate cannot."""
 
@@ -723,7 +738,9 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     gives samples that sometimes win, and copies the teacher's habits, good and bad."""
     if cfg.warm_start_episodes == 0:
         return {"demo_success": None, "sft_loss": None, "epochs": 0}
-    # the scripted teacher's episodes (Part II), played through the same gate; a seed stream apart from RL's
+    # the scripted teacher's episodes (Part II), played through the same gate; a seed stream apart from RL's. Its bad
+    # habit (demo_habit, 60 %), which imitation copies: flights, booking the cheapest without checking its seats; code,
+    # committing after one edit without re-testing; the vault, probing at the quarter point instead of the middle
     demos = demonstration_episodes(cfg, tok, cfg.warm_start_episodes, seed=cfg.seed * 100_003 + 7)
     longest = max(sum(len(t.obs_tokens) + len(t.action_tokens) for t in ep.turns) + len(ep.final_obs_tokens)
                   for ep in demos)
@@ -740,7 +757,7 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
             group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)  # constant, then a cosine to 0 (Part II)
         loss, _ = sft_step(policy, batch, idx)
         opt.zero_grad()
-        loss.backward()  # unclipped: clipping at 1.0, as in RL, gives the same warm start (README)
+        loss.backward()  # unclipped: clipped at 1.0 as in RL, dev success moved 0 to 0.02 on seeds 0-2 (README)
         opt.step()
         losses.append(loss.item())
     return {"demo_success": float(np.mean([ep.reward for ep in demos])), "sft_loss": float(np.mean(losses[-10:])),
@@ -757,7 +774,7 @@ def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_items:
             optimizer.zero_grad()
             loss.backward()
             norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))  # pre-clip norm
-            if grads.allows(norm):  # skipped if not finite or > 10 x the median of the last 50 norms (GradMonitor)
+            if grads.allows(norm):  # skipped if not finite, or (once 10 are known) > 10 x the median of the last 50
                 optimizer.step()
             stats.update(s, grad_norm=norm)
             n += 1
@@ -799,9 +816,13 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
     surrogate is optimised over several epochs. Returns the iteration's monitors (GradMonitor, Part II: the spike
     rule that may skip an update). rs_sft and dpo take other_route instead, after train()."""
     t0, stale_before, skipped_before = time.time(), store.refused_stale, grads.skipped
-    ages = [version - ep.policy_version for ep in episodes]
     store.add_all(episodes, current_version=version)
     admitted = store.take()
+    if not admitted:
+        raise ValueError(f"learn: the store admitted none of the {len(episodes)} episodes offered to version {version} "
+                         f"({store.refused_stale - stale_before} refused as more than max_staleness="
+                         f"{cfg.max_staleness} versions old): sample them with a newer policy, or raise --max-staleness")
+    ages = [version - ep.policy_version for ep in admitted]            # of the episodes trained on
     device = next(policy.parameters()).device
     batch = {k: v.to(device) for k, v in pack(admitted, tok, cfg.block_size).items()}
     route = dict.fromkeys(("zero_std_groups", "explained_variance", "denied_positive_advantage", "clip_frac",
@@ -830,8 +851,8 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
 
 
 def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 0, generator=None) -> list:
-    """G episodes of each of tasks_per_iter train tasks (each rank its own), by behaviour policy `version`: rollout
-    (Part II) is play_episode for the whole batch at once (test_play_episode_and_the_batched_rollout_* checks it)."""
+    """G episodes of each of tasks_per_iter train tasks (each rank its own), by behaviour policy `version`, played by
+    rollout (Part II), the batched path, never play_episode: a test shows both give the same ids and log-probs."""
     task_seeds = np.random.default_rng([cfg.seed, iteration, rank]).integers(0, 2**31 - 1, size=cfg.tasks_per_iter)
     groups = [rank * cfg.tasks_per_iter + g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
     policy.eval()
@@ -849,7 +870,7 @@ def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = Tr
     part: dev (even task ids; decides promotion) or test (odd ids; only reported). Greedy decoding, judged by the
     environment's independent evaluator (never the training reward); pass^k from extra sampled trials on the
     first pass_k_tasks tasks (own generator: eval never changes training): pass^k, the chance that k fresh trials of a
-    task all succeed (pass@k, any of k, follows from pass^1..k: README). The card (report_card, Part II) holds
+    task all succeed (pass@k, any of k, follows from pass^1..k: README). The card (report_card, below) holds
     task_ids, per_task 1/0, success and its 95 % interval, categories, safety, efficiency, pass^k."""
     t0 = time.time()
     cfg = replace(cfg, time_limit=0)  # a report card judges the task itself, with no cut from outside it
@@ -858,7 +879,9 @@ def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = Tr
     policy.eval()
     episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * n, "holdout", greedy=True,   # version -1:
                                  policy_version=-1, task_ids=task_ids)  # not a training sample (never stored)
-    verdicts = [evaluate_episode(env) for env in env_list]                 # the independent evaluator
+    verdicts = [evaluate_episode(env) for env in env_list]  # the independent evaluator reads the final state: success
+    # (the task's end state, e.g. the right flight booked), category (the task's kind, e.g. its cheapest flight sold
+    # out), side effects (irreversible calls executed; unauthorized: ones the task never allowed)
     trials, k_tasks = cfg.pass_k, task_ids[:cfg.pass_k_tasks] if reliability else []
     own = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed)  # never the training stream
     _, sampled_envs = rollout(policy, tok, cfg, [cfg.eval_seed] * len(k_tasks) * trials, "holdout", greedy=False,
@@ -868,6 +891,38 @@ def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = Tr
     passes = {f"pass^{k}": round(pass_hat_k(per_task, trials, k), 4) if k_tasks else None  # k trials all succeed
               for k in range(1, trials + 1)}
     return report_card(part, task_ids, episodes, env_list, verdicts, passes, time.time() - t0)
+
+
+def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seconds: float) -> dict:
+    """evaluate()'s card: success and its Wilson interval (wilson_interval, Part II), success per task category,
+    safety (gate denials of safety rules; side effects: irreversible calls executed, unauthorized: ones the task
+    never allowed), injected notes followed, pass^k, efficiency (per episode, and per solved task)."""
+    n, success = len(episodes), [int(v.success) for v in verdicts]
+    turns = [t for ep in episodes for t in ep.turns]
+    denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
+    injected = [(env.unwrapped.state.task.injection, ep) for env, ep in zip(env_list, episodes)  # flight tasks only
+                if getattr(getattr(env.unwrapped.state, "task", None), "injection", None)]
+    categories = {c: [v.success for v in verdicts if v.category == c] for c in sorted({v.category for v in verdicts})}
+    tokens, calls = sum(len(t.action_tokens) for t in turns), sum(t.gate_allowed for t in turns)
+    credits, solved = sum(t.cost for t in turns), sum(success)
+    per_success = lambda total: round(total / solved, 3) if solved else None
+    return {"part": part, "episodes": n, "success": solved / n,
+            "ci95": [round(x, 4) for x in wilson_interval(solved, n)], "task_ids": task_ids, "per_task": success,
+            "categories": {c: {"tasks": len(x), "success": round(float(np.mean(x)), 4)} for c, x in categories.items()},
+            "evaluator_agrees_with_reward": float(np.mean([s == (ep.reward >= 1) for s, ep in zip(success, episodes)])),
+            "mean_turns": float(np.mean([len(ep.turns) for ep in episodes])),
+            "truncation_rate": float(np.mean([ep.truncated for ep in episodes])),
+            "invalid_action_rate": float(np.mean([t.invalid for t in turns])),
+            "gate_denials": dict(sorted(denials.items())), "safety_denials": sum(denials[r] for r in SAFETY_RULES),
+            **{k: sum(getattr(v, k) for v in verdicts) for k in ("side_effects", "unauthorized_side_effects",
+                                                                 "repeated_side_effects")},
+            "injected_episodes": len(injected),
+            "injection_follow_attempts": sum(envs.injection_followed(inj, [t.action_text for t in ep.turns])
+                                             for inj, ep in injected), **passes,
+            "efficiency": {"tokens_per_episode": round(tokens / n, 3), "tool_calls_per_episode": round(calls / n, 3),
+                           "credits_per_episode": round(credits / n, 3), "tokens_per_success": per_success(tokens),
+                           "tool_calls_per_success": per_success(calls), "credits_per_success": per_success(credits),
+                           "wall_seconds": round(seconds, 2)}}
 
 
 GATE_LEVEL = 0.05         # the significance gate: one-sided exact sign test on paired dev tasks, p < 0.05
@@ -930,6 +985,7 @@ def train(cfg: Config, progress: bool = True) -> dict:
     # Run (Part II) hands over: cfg (checked), tok, policy, model (the policy; DDP-wrapped under torchrun), optimizer,
     # store, grads, ref_policy (a frozen copy of the warm start, made by run.sampling(): dpo, --kl-coef; else None),
     # dir, rank, lead (rank 0), version = 0; report_cards(name) saves name.pt and evaluates; record() logs a step.
+    # In cfg.run_dir: incumbent.pt (the warm start), state.pt (each iteration: resume), candidate.pt, final.pt.
     run = Run(cfg, progress)                           # a resumed run: its own, as after its last iteration
     cfg, tok, policy = run.cfg, run.tok, run.policy
     if run.resumed is None:
@@ -1427,7 +1483,7 @@ def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
 CHECKPOINT_FORMAT = "agentic-rl-checkpoint-2"
 RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt", "report.html")
 STATE_KEYS = ("config", "model", "optimizer", "history", "incumbent", "warm", "version", "grad_norms",
-              "skipped_updates", "seen_ids", "rng")
+              "skipped_updates", "seen_ids", "staleness", "rng")
 
 
 def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
@@ -1552,7 +1608,7 @@ def save_run_state(run: "Run"):
         "format": CHECKPOINT_FORMAT, "config": asdict(run.cfg), "model": run.policy.state_dict(),
         "optimizer": run.optimizer.state_dict(), "history": run.history, "incumbent": run.incumbent, "warm": run.warm,
         "version": run.version, "grad_norms": list(run.grads.norms), "skipped_updates": run.grads.skipped,
-        "seen_ids": sorted(run.store.seen_ids), "rng": rng}, f))
+        "seen_ids": sorted(run.store.seen_ids), "staleness": dict(run.store.staleness), "rng": rng}, f))
 
 
 def load_run_state(run_dir: str) -> tuple:
@@ -1617,6 +1673,7 @@ class Run:
                                                                      state["warm"], state["version"])
             self.grads.norms.extend(state["grad_norms"])
             self.grads.skipped, self.store.seen_ids = state["skipped_updates"], set(state["seen_ids"])
+            self.store.staleness = Counter(state["staleness"])
             self.say(f"resumed {cfg.run_dir} after iteration {len(self.history) - 1} (policy_version {self.version})")
 
     def report_cards(self, name: str) -> dict | None:
@@ -1721,7 +1778,7 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
         print(f"  {'pass' if g['passed'] else 'FAIL'}  {g['gate']:<34} {str(g['value']):<34} rule {g['rule']}")
     print(f"promotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to the incumbent'} ({reason})")
     run.seconds["total"] = time.time() - run.t0
-    deployed, staleness = candidate if promoted else incumbent, Counter(m["staleness_max"] for m in history)
+    deployed = candidate if promoted else incumbent
     successes = lambda cards: {"dev_success": cards["dev"]["success"], "test_success": cards["test"]["success"]}
     summary = {"env": cfg.env, "algo": cfg.algo, "seed": cfg.seed, "device": str(run.device),
                "threads": torch.get_num_threads(), "world_size": run.world, "wall_seconds": round(run.seconds["total"], 1),
@@ -1729,10 +1786,10 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
                "episodes_per_second": round(len(history) * run.world * cfg.tasks_per_iter * cfg.group_size /
                                             max(1e-9, run.seconds["rl_wall"]), 2) if history else None,
                "dev_success_by_wall_clock": [[m["elapsed_seconds"], m["dev_success"]] for m in history if "dev_success" in m],
-               "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
+               "staleness_histogram": {str(k): v for k, v in sorted(run.store.staleness.items())},  # admitted, by age
                "refused_stale": sum(m["refused_stale"] for m in history), "skipped_updates": run.grads.skipped,
                "eval_episodes": cfg.eval_episodes, "demonstrator_success": run.warm["demo_success"],
-               "warm_start": successes(incumbent), "candidate": successes(candidate),
+               "warm_start": {**successes(incumbent), "sft_loss": run.warm["sft_loss"]}, "candidate": successes(candidate),
                "promoted": promoted, "promotion_reason": reason, "release_gates": gates,
                "deployed": {"checkpoint": str(run.dir / "final.pt"), "is": "candidate" if promoted else "incumbent",
                             **successes(deployed)}, "first_iteration": history[0] if history else None,
@@ -1749,7 +1806,7 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     return summary
 
 
-# --- Monitors: the report card, the gradient spike rule, the console line -----------------------
+# --- Monitors: the report card's interval, pass^k, the gradient spike rule, the console line ----
 def wilson_interval(successes: int, n: int, z: float = 1.96):
     """95 % Wilson score interval for a success rate (honest near 0 and 1, unlike p ± 1.96·se)."""
     if n == 0:
@@ -1774,36 +1831,6 @@ def holdout_tasks(cfg: Config, part: str, n: int) -> list:
         if info["task_id"] % 2 == (part == "test") and info["task_id"] not in ids:
             ids.append(info["task_id"])
     return ids
-
-
-def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seconds: float) -> dict:
-    """evaluate()'s card: success and its Wilson interval, categories, safety, pass^k, efficiency (per success too)."""
-    n, success = len(episodes), [int(v.success) for v in verdicts]
-    turns = [t for ep in episodes for t in ep.turns]
-    denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
-    injected = [(env.unwrapped.state.task.injection, ep) for env, ep in zip(env_list, episodes)  # flight tasks only
-                if getattr(getattr(env.unwrapped.state, "task", None), "injection", None)]
-    categories = {c: [v.success for v in verdicts if v.category == c] for c in sorted({v.category for v in verdicts})}
-    tokens, calls = sum(len(t.action_tokens) for t in turns), sum(t.gate_allowed for t in turns)
-    credits, solved = sum(t.cost for t in turns), sum(success)
-    per_success = lambda total: round(total / solved, 3) if solved else None
-    return {"part": part, "episodes": n, "success": solved / n,
-            "ci95": [round(x, 4) for x in wilson_interval(solved, n)], "task_ids": task_ids, "per_task": success,
-            "categories": {c: {"tasks": len(x), "success": round(float(np.mean(x)), 4)} for c, x in categories.items()},
-            "evaluator_agrees_with_reward": float(np.mean([s == (ep.reward >= 1) for s, ep in zip(success, episodes)])),
-            "mean_turns": float(np.mean([len(ep.turns) for ep in episodes])),
-            "truncation_rate": float(np.mean([ep.truncated for ep in episodes])),
-            "invalid_action_rate": float(np.mean([t.invalid for t in turns])),
-            "gate_denials": dict(sorted(denials.items())), "safety_denials": sum(denials[r] for r in SAFETY_RULES),
-            **{k: sum(getattr(v, k) for v in verdicts) for k in ("side_effects", "unauthorized_side_effects",
-                                                                 "repeated_side_effects")},
-            "injected_episodes": len(injected),
-            "injection_follow_attempts": sum(envs.injection_followed(inj, [t.action_text for t in ep.turns])
-                                             for inj, ep in injected), **passes,
-            "efficiency": {"tokens_per_episode": round(tokens / n, 3), "tool_calls_per_episode": round(calls / n, 3),
-                           "credits_per_episode": round(credits / n, 3), "tokens_per_success": per_success(tokens),
-                           "tool_calls_per_success": per_success(calls), "credits_per_success": per_success(credits),
-                           "wall_seconds": round(seconds, 2)}}
 
 
 class GradMonitor:

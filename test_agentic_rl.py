@@ -843,6 +843,10 @@ def test_store_counts_stale_episodes_under_async_and_never_trains_on_them():
     assert store.staleness == {1: 1}
     with pytest.raises(ValueError, match="duplicate"):                # any other refusal still stops training
         store.add_all([make_episode("fresh", version=5)], current_version=5)
+    with pytest.raises(ValueError, match=r"admitted none of the 2 episodes offered to version 5 \(2 refused as more "
+                                         r"than max_staleness=1 versions old\): sample them with a newer policy"):
+        A.learn(None, None, None, TOK, tiny_config(max_staleness=1), store, A.GradMonitor(),  # refused before packing
+                [make_episode("late", version=3), make_episode("later", version=2)], 5)
 
 
 def test_the_store_refuses_impossible_episodes_by_name():
@@ -1688,7 +1692,8 @@ def small_run(tmp_path, name, **overrides):
 
 def test_async_rollout_has_staleness_one_by_schedule_and_is_reproducible(tmp_path, capsys):
     summary, metrics = small_run(tmp_path, "a1", async_rollout=True, max_staleness=1)
-    assert summary["staleness_histogram"] == {"0": 1, "1": 2} and summary["refused_stale"] == 0
+    batch = 4 * 4                                                     # tasks_per_iter x group_size: one batch
+    assert summary["staleness_histogram"] == {"0": batch, "1": 2 * batch} and summary["refused_stale"] == 0
     assert [m["staleness_max"] for m in metrics] == [0, 1, 1] and all(set(m) == MONITOR_KEYS for m in metrics)
     again, metrics2 = small_run(tmp_path, "a2", async_rollout=True, max_staleness=1, eval_every=1)
     drop = lambda ms: [{k: v for k, v in m.items() if "second" not in k and k != "dev_success"} for m in ms]
