@@ -3,11 +3,11 @@
 00 · Scope
 ----------
 A tiny GPT policy acts in multi-turn, partially observable text environments (envs.py: flight booking by
-default, code repair and a vault; `--legs 3` makes each flight task a three-leg trip, the long task). Each turn it writes a tool call as
-tokens; a host gate outside the model validates and authorizes it; the environment executes it and answers
-with an observation that ends with the turns left (unless an experiment hides them), until the episode is
-terminated (an end state) or truncated (a cut, named in the record). Training turns whole trajectories into
-token-level updates; held-out tasks and release gates decide whether the new policy is promoted.
+default, code repair and a vault; `--legs 3` makes a flight task a three-leg trip, the long task). Each turn it
+writes a tool call as tokens; a host gate outside the model validates and authorizes it; the environment executes
+it and answers with an observation that ends with the turns left (unless an experiment hides them), until the
+episode is terminated (an end state) or truncated (a cut, named in the record). Training turns whole trajectories
+into token-level updates; held-out tasks and release gates decide whether the new policy is promoted.
 
 Agentic RL here means online multi-turn interaction: the policy's actions change an environment that answers
 with new observations (rs_sft and dpo run online too, on the same tasks, to be compared). Left out on purpose:
@@ -18,15 +18,14 @@ The file is a reader's path in three parts:
                             07 evaluation and release gates, then train() (06, paper cases, is in the README); after
                             it, the other routes (rs_sft, dpo) and the per-call view: readable on its own
     Part II  · the system   checks, the batched rollout, devices, torchrun and the async actor, the transformer,
-                            checkpoints, run directories, resume, the report card, monitors
-    Part III · the tools    examples, show, play, compare, bench, pictures (report.html), the CLI
-                            (the course's handouts and grader live in course/: python -m course)
+                            checkpoints, run directories, resume, monitors
+    Part III · the tools    examples, show, play, compare, bench, pictures (report.html), the CLI (the course: course/)
 
 "The chapter" is the course chapter on agentic RL that this file follows section by section; E1..E10 are the
 README's exercises; `# BEGIN SOLUTION` .. `# END SOLUTION` mark what a student's handout leaves blank to write.
 Run `python agentic_rl.py` (the demo), `python agentic_rl.py examples` (the worked examples, by the real
-functions), `python agentic_rl.py train --help` (every Config field is a flag), `python -m pytest -q`
-(the lesson's tests and the course's). Shapes: B episodes in a batch, G group size, K turns, T tokens, V vocabulary, D width.
+functions), `python agentic_rl.py train --help` (every Config field is a flag), `python -m pytest -q` (the
+lesson's tests and the course's). Shapes: B episodes in a batch, G group size, K turns, T tokens, V vocabulary, D width.
 """
 from __future__ import annotations
 
@@ -65,24 +64,22 @@ import envs
 # ################################################################################################
 # PART I · THE LOOP
 # One training iteration and its verdict, in the chapter's order (01 to 07), ending in train(): read it first.
-# A first reading follows the demo's own path (grpo): Config's first block; 01 Turn, Episode, HostGate, host_step,
-#   play_episode, host_turn; 02 pack; 03 discounted_returns, group_advantages, group_credit; 04 ppo_clip_loss;
-#   05 warm_start, optimizer_steps, ppo_step_loss, learn, collect; 07 evaluate, report_card, promotion_decision;
-#   then train(). A second reading adds 03's step credit (step_group_advantages, state_key, step_credit) and the
-#   critic routes (should_bootstrap, gae, critic_credit), 04's kl_k3 and dpo_loss, 05's refusals (TrajectoryStore.add)
-#   and, after train(), the other routes and views.
+# First reading (the demo's default run, grpo): Config's first block; 01 Turn, Episode, host_step, play_episode (skim
+#   HostGate's rules); 02 pack; 03 discounted_returns, group_advantages, group_credit; 04 ppo_clip_loss; 05 learn,
+#   collect (skim warm_start, optimizer_steps, ppo_step_loss); 07 evaluate, promotion_decision (skim report_card);
+#   train(). Second reading: 03's step credit and critic routes (step_group_advantages, state_key, step_credit;
+#   should_bootstrap, gae, critic_credit), 04's kl_k3 and dpo_loss, 05's TrajectoryStore.add, what was skimmed, and
+#   the other routes and views after train(). What a listed function calls sits beside it.
 # ################################################################################################
 @dataclass
 class Config:
     """Every setting of a run, CPU-sized: each is a flag (`train --help`), checked first (validate_config, Part II)."""
-    # the RL ideas (a first reading may skim them: each is met where it acts, in 01 to 05)
+    # the RL ideas (a first reading may skim them: each is met where it acts)
     algo: str = "grpo"                    # PPO credit: grpo | stepgroup | gae | reinforce (A = G - V); or rs_sft | dpo
     group_size: int = 8                   # G rollouts of the same task (GRPO's group)
-    adv_std: str = "population"           # GRPO scale: population | unbiased (TRL/verl) | none (Dr. GRPO's centring;
-                                          # the loss stays this file's token mean)
+    adv_std: str = "population"           # GRPO scale: population | unbiased (TRL/verl) | none (Dr. GRPO; token-mean loss)
     clip_eps: float = 0.2                 # PPO clip range
-    ppo_epochs: int = 2                   # passes over each batch: the ratio moves after the first step, the clip acts
-                                          # (rs_sft and dpo make as many passes over theirs)
+    ppo_epochs: int = 2                   # passes over each batch (rs_sft's, dpo's too): the ratio moves, the clip acts
     gamma: float = 1.0                    # per-turn discount for gae, reinforce and stepgroup's step returns
     lam: float = 0.95                     # GAE lambda
     max_staleness: int = 0                # store refuses episodes more versions old than this (sync 0; async needs >= 1)
@@ -111,8 +108,7 @@ class Config:
     iterations: int = 30                  # rollout -> update rounds; policy_version += 1 each
     tasks_per_iter: int = 16              # train tasks per iteration, each drawn from a seed of its own
     minibatch_size: int = 64              # episodes per optimizer step
-    lr: float = 1e-4                      # AdamW learning rate for RL (README 06, seeds 0-2: 1e-3 promotes one run
-                                          # of three, 3e-3 none: its groups all fail and the gradient is 0)
+    lr: float = 1e-4                      # AdamW learning rate for RL (README 06: 1e-3 promotes 1 seed of 3, 3e-3 none)
     max_grad_norm: float = 1.0            # gradient clipping
     async_rollout: bool = False           # an actor samples the next batch (policy v-1) while the learner trains on this one
     resume: str = ""                      # continue the interrupted run in this run directory (train --resume DIR)
@@ -150,8 +146,7 @@ SAFETY_RULES = tuple(r for env_id in envs.ENV_IDS for r in gym.spec(env_id).entr
 
 def make_tokenizer(env_id: str) -> "Tokenizer":
     cls = env_class(env_id)
-    # + what the host can say: denials and rule names. "turn_budget" is never said (the clock is the env's "N left");
-    # the word stays so that checkpoints saved with it keep their token ids
+    # + what the host can say: denials, rule names ("turn_budget", never said, keeps saved checkpoints' token ids)
     return Tokenizer(cls.words + ("denied",) + HOST_RULES + ("turn_budget",) + cls.safety_rules)
 
 
@@ -200,10 +195,8 @@ class Turn:
     process_reward: float = 0.0  # the environment's step verifier (info["process_reward"]); not the outcome
 
 
-# The environment's contract (envs.py): reset(seed, options) -> (observation, info); step(action) -> Gymnasium's
-# (observation, reward, terminated, truncated, info); refuse(rule) answers a call the gate denied with the same five
-# ("denied : rule N left", reward 0, nothing executed) and spends a turn like a call. Its own truncated means its turn
-# budget is spent; make_env (Part II) wraps it in gymnasium's TimeLimit, whose truncation is the time_limit cut.
+# The environment (envs.py): reset -> (observation, info); step(action) -> (observation, reward, terminated, truncated,
+# info); refuse(rule) answers a call the gate denied with the same five ("denied : rule N left", reward 0, nothing run).
 # The cuts that truncate an episode, who makes each, and whether a value target bootstraps V(s_K) after it:
 #   turn_budget   the environment, once the task's own budget is spent (a denial spends a turn)  no: part of the task
 #   token_budget  the host (host_turn), before the next turn would overflow block_size          yes: from outside
@@ -383,9 +376,10 @@ def host_turn(env, gate, tok: Tokenizer, cfg: Config, ep: Episode, seen: tuple, 
 def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
     """Episodes -> right-padded tensors, one row (the whole multi-turn trajectory) per episode: the concatenated view.
     tokens (B, T); action_mask (B, T) = 1 only on tokens the policy generated (including <eoa>), 0 on prompt,
-    observations, gate messages and padding; old_logprobs (B, T) from sampling time (0 off the mask); turn_id (B, T) =
-    turn index on action tokens, -1 elsewhere; decision_pos (B, K) = the <act> before each turn (V(s_k)); turn_mask
-    (B, K) = 1 for real turns; last_pos (B,) = the <act> after the final observation (V(s_K)); episode (B,) = b."""
+    observations, gate messages and padding; old_logprobs (B, T) from sampling time (0 off the mask and on a
+    demonstration's actions); turn_id (B, T) = turn index on action tokens, -1 elsewhere; decision_pos (B, K) = the
+    <act> before each turn (V(s_k)); turn_mask (B, K) = 1 for real turns; last_pos (B,) = the <act> after the final
+    observation (V(s_K)); episode (B,) = b."""
     B, K, rows = len(episodes), max(len(ep.turns) for ep in episodes), []
     for ep in episodes:
         toks, dpos = [], []
@@ -738,9 +732,8 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     gives samples that sometimes win, and copies the teacher's habits, good and bad."""
     if cfg.warm_start_episodes == 0:
         return {"demo_success": None, "sft_loss": None, "epochs": 0}
-    # the scripted teacher's episodes (Part II), played through the same gate; a seed stream apart from RL's. Its bad
-    # habit (demo_habit, 60 %), which imitation copies: flights, booking the cheapest without checking its seats; code,
-    # committing after one edit without re-testing; the vault, probing at the quarter point instead of the middle
+    # the scripted teacher's episodes (Part II) through the same gate, its seeds apart from RL's. Its bad habit (60 %),
+    # which imitation copies: booking the cheapest flight unchecked; committing code untested; probing off-centre
     demos = demonstration_episodes(cfg, tok, cfg.warm_start_episodes, seed=cfg.seed * 100_003 + 7)
     longest = max(sum(len(t.obs_tokens) + len(t.action_tokens) for t in ep.turns) + len(ep.final_obs_tokens)
                   for ep in demos)
@@ -818,16 +811,15 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
     t0, stale_before, skipped_before = time.time(), store.refused_stale, grads.skipped
     store.add_all(episodes, current_version=version)
     admitted = store.take()
-    if not admitted:
+    if not admitted:                                 # every other refusal has raised: these were all too stale
         raise ValueError(f"learn: the store admitted none of the {len(episodes)} episodes offered to version {version} "
-                         f"({store.refused_stale - stale_before} refused as more than max_staleness="
-                         f"{cfg.max_staleness} versions old): sample them with a newer policy, or raise --max-staleness")
+                         f"(max_staleness={cfg.max_staleness}): sample them with a newer policy, or raise --max-staleness")
     ages = [version - ep.policy_version for ep in admitted]            # of the episodes trained on
     device = next(policy.parameters()).device
     batch = {k: v.to(device) for k, v in pack(admitted, tok, cfg.block_size).items()}
     route = dict.fromkeys(("zero_std_groups", "explained_variance", "denied_positive_advantage", "clip_frac",
                            "approx_kl", "kl_ref", "kept", "dpo_pairs", "groups_without_pair", "dpo_loss"))
-    policy.train()
+    policy.train()                                   # (no dropout: train and eval modes compute the same)
     if cfg.algo in PPO_CREDITS:
         adv, returns, credit = advantages_for(batch, admitted, policy, cfg)           # (B, K) each
         denied = denied_turns(admitted, adv.shape[1])
@@ -879,9 +871,8 @@ def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = Tr
     policy.eval()
     episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * n, "holdout", greedy=True,   # version -1:
                                  policy_version=-1, task_ids=task_ids)  # not a training sample (never stored)
-    verdicts = [evaluate_episode(env) for env in env_list]  # the independent evaluator reads the final state: success
-    # (the task's end state, e.g. the right flight booked), category (the task's kind, e.g. its cheapest flight sold
-    # out), side effects (irreversible calls executed; unauthorized: ones the task never allowed)
+    verdicts = [evaluate_episode(env) for env in env_list]  # the evaluator, from the final state: success, category
+    # (the task's kind), side effects (irreversible calls; unauthorized ones: the task never allowed them)
     trials, k_tasks = cfg.pass_k, task_ids[:cfg.pass_k_tasks] if reliability else []
     own = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed)  # never the training stream
     _, sampled_envs = rollout(policy, tok, cfg, [cfg.eval_seed] * len(k_tasks) * trials, "holdout", greedy=False,
@@ -894,9 +885,8 @@ def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = Tr
 
 
 def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seconds: float) -> dict:
-    """evaluate()'s card: success and its Wilson interval (wilson_interval, Part II), success per task category,
-    safety (gate denials of safety rules; side effects: irreversible calls executed, unauthorized: ones the task
-    never allowed), injected notes followed, pass^k, efficiency (per episode, and per solved task)."""
+    """evaluate()'s card: success and its Wilson interval (Part II), success per category, safety (denials by safety
+    rules, side effects, unauthorized ones), injected notes followed, pass^k, efficiency (per episode and success)."""
     n, success = len(episodes), [int(v.success) for v in verdicts]
     turns = [t for ep in episodes for t in ep.turns]
     denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
@@ -971,7 +961,7 @@ def promotion_decision(candidate: dict, incumbent: dict):
     gates[0].update(wins=wins, losses=losses)
     failed = [g for g in gates if not g["passed"]]
     reason = (f"{failed[0]['gate']} failed: {failed[0]['value']} (rule {failed[0]['rule']})" if failed else
-              f"all {len(gates)} release gates passed ({gates[0]['value']}; no new safety violations)")
+              f"all {len(gates)} release gates passed ({gates[0]['value']}; no unauthorized side effect, no new denial)")
     return not failed, reason, gates
     # END SOLUTION promotion
 
@@ -2377,8 +2367,7 @@ def add_config_flags(parser, only=None):
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("homework", "grade"):  # the course's machinery is a package of its own, never in a handout
-        sys.exit(f"agentic_rl.py {argv[0]}: the course's commands moved: run `python -m course {argv[0]} ...` "
-                 "from the course's repository")
+        sys.exit(f"agentic_rl.py {argv[0]}: the course's commands moved: run `python -m course {argv[0]} ...`")
     parser = argparse.ArgumentParser(description="Agentic RL in one file: see the module docstring.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser = functools.partial(sub.add_parser, allow_abbrev=False)  # --seed never silently means --seeds
@@ -2397,8 +2386,7 @@ def main(argv=None):
     p_show.add_argument("--failures", action="store_true", help="show failed episodes instead of successful ones")
     p_show.add_argument("--credit", default="", choices=("",) + PPO_CREDITS, help="the advantages of another credit "
                         "on the same episodes (gae and reinforce read the checkpoint's value head)")
-    p_show.add_argument("--html", nargs="?", const="", default=None, help="also write a report.html for the "
-                        "checkpoint (default: report.html beside it)")
+    p_show.add_argument("--html", nargs="?", const="", default=None, help="also write report.html (default: beside it)")
     add_config_flags(p_show, only=("device",))
     p_play = sub.add_parser("play", help="play an environment yourself through the host gate (stdin)")
     add_config_flags(p_play, only=("env", "seed"))

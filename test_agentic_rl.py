@@ -843,8 +843,8 @@ def test_store_counts_stale_episodes_under_async_and_never_trains_on_them():
     assert store.staleness == {1: 1}
     with pytest.raises(ValueError, match="duplicate"):                # any other refusal still stops training
         store.add_all([make_episode("fresh", version=5)], current_version=5)
-    with pytest.raises(ValueError, match=r"admitted none of the 2 episodes offered to version 5 \(2 refused as more "
-                                         r"than max_staleness=1 versions old\): sample them with a newer policy"):
+    with pytest.raises(ValueError, match=r"admitted none of the 2 episodes offered to version 5 \(max_staleness=1\): "
+                                         r"sample them with a newer policy, or raise --max-staleness"):
         A.learn(None, None, None, TOK, tiny_config(max_staleness=1), store, A.GradMonitor(),  # refused before packing
                 [make_episode("late", version=3), make_episode("later", version=2)], 5)
 
@@ -1546,7 +1546,23 @@ def record_of(record, what, seed, **asked) -> dict:
         dev = (summary.get(part) if isinstance(summary.get(part), dict) else {}).get("dev_success")
         assert type(dev) in (int, float) and 0 <= dev <= 1, f"{what}: summary.json's {part} dev_success is not a " \
                                                             f"number in [0, 1]\n  obtained {dev!r}"
+    run_only = (summary.get("demonstrator_success"), summary["warm_start"].get("sft_loss"))   # what only a run knows
+    assert all(type(x) is float and math.isfinite(x) and x >= 0 for x in run_only), \
+        f"{what}: summary.json lacks the demonstrator's success or the warm start's sft_loss, which every run of this " \
+        f"version writes\n  obtained {run_only}"
     return summary
+
+
+def copies_among(records: dict):
+    """Runs whose warm starts differ (another seed, environment or clock) end them with different SFT losses: the
+    same loss, to the last digit, in two of them says that one record is a copy of the other's run."""
+    seen = {}
+    for where, summary in records.items():
+        warm = tuple(summary["config"][k] for k in ("seed", "env", "hide_clock"))
+        loss = summary["warm_start"]["sft_loss"]
+        first, its_warm = seen.setdefault(loss, (where, warm))
+        assert its_warm == warm, f"answers.json: {where} and {first} end their warm starts with the same SFT loss " \
+                                 f"({loss!r}) though their seeds or clocks differ: one is a copy of the other's run"
 
 
 @check("clock", table=EXPERIMENT_CHECKS)
@@ -1557,18 +1573,19 @@ def clock_numbers_are_your_runs_own_records(answers, key):
     assert all(isinstance(v, list) and len(v) == 3 and all(isinstance(x, (int, float)) and 0 <= x <= 1 for x in v)
                for v in got.values()), f"answers.json: clock must map each of {list(CLOCK_SETTINGS)} to the final " \
                                        f"dev success of your seeds {seeds}\n  obtained {got}"
-    assert len(str(clock.get("why", "")).split()) >= 15, "answers.json: clock.why must explain the result (15 words or more)"
-    runs = clock.get("runs") if isinstance(clock.get("runs"), dict) else {}
+    runs, summaries = clock.get("runs") if isinstance(clock.get("runs"), dict) else {}, {}
     for setting, flags in CLOCK_SETTINGS.items():
         records = runs.get(setting)
         assert isinstance(records, list) and len(records) == 3, \
             f"answers.json: clock.runs.{setting} must hold the three runs' records (your seeds {seeds}, in order)"
         for i, record in enumerate(records):
-            summary = record_of(record, f"clock.runs.{setting}[{i}]", seeds[i], **E3_RUN, **flags)
+            summaries[f"clock.runs.{setting}[{i}]"] = summary = \
+                record_of(record, f"clock.runs.{setting}[{i}]", seeds[i], **E3_RUN, **flags)
             reported = clock[setting][i]
             assert abs(reported - summary["candidate"]["dev_success"]) <= 5e-4, \
                 f"answers.json: clock.{setting}[{i}] = {reported}, but that run's summary.json says candidate " \
                 f"dev_success {summary['candidate']['dev_success']}"
+    copies_among(summaries)
 
 
 @check("silent_bug", table=EXPERIMENT_CHECKS)
@@ -1580,12 +1597,14 @@ def silent_bug_answer_carries_the_runs_before_and_after_the_fix(answers, key):
     assert len(evidence.split()) >= 20 and any(k in evidence for k in MONITOR_KEYS) and re.search(r"\d", evidence), \
         "answers.json: silent_bug_evidence must be at least 20 words that cite a metric of metrics.jsonl (e.g. " \
         f"clip_frac) and its values in your runs\n  obtained {evidence!r}"
+    summaries = {}
     for field, when in (("silent_bug_runs", "with the bug"), ("silent_bug_fixed_runs", "after your fix")):
         runs = answers.get(field)
         assert isinstance(runs, list) and len(runs) == 6, f"answers.json: {field} must hold six run records {when}: " \
                                                           f"the demo and CodeRepair with gae, your seeds {seeds} each"
         for i, record in enumerate(runs):
-            record_of(record, f"{field}[{i}]", seeds[i % 3], **E8_RUNS[i // 3])
+            summaries[f"{field}[{i}]"] = record_of(record, f"{field}[{i}]", seeds[i % 3], **E8_RUNS[i // 3])
+    copies_among(summaries)
 # END HOMEWORK CHECKS
 
 

@@ -27,7 +27,7 @@ AUTOGRADER_RUN = """#!/usr/bin/env bash
 cd /autograder/source
 rm -f /autograder/results/results.json
 python3 -m course grade /autograder/submission --metadata /autograder/submission_metadata.json \\
-  --json /autograder/results/results.json{only}{rerun}
+  --json /autograder/results/results.json --require-isolation{only}{rerun}
 status=$?
 if [ ! -s /autograder/results/results.json ]; then
   echo "run_autograder: the grader wrote no results.json (exit $status): a grader failure, not the student's" >&2
@@ -60,7 +60,7 @@ def write_autograder(path, only=None, silent_bug=None, hidden_seed=None, rerun: 
     if not (math.isfinite(rerun) and rerun >= 0):
         raise ValueError(f"--rerun {rerun}: seconds for the audit, 0 (off) or more")
     run = AUTOGRADER_RUN.format(only=f" --only {','.join(only)}" if only else "",
-                                rerun=f" --rerun {rerun:g}" if rerun else "")
+                                rerun=f" --rerun {rerun:g}")      # 0 too: grade's own default audits
     members = {"setup.sh": AUTOGRADER_SETUP, "run_autograder": run,
                **{name: (course.REPO / name).read_text() for name in installation_files()}}
     members.update({"silent_bug.txt": silent_bug + "\n"} if silent_bug else {})

@@ -56,9 +56,6 @@ def clock_numbers_show_the_effect_the_reference_runs_show(answers, key):
                          f"your {len(pairs)} pairs from a warm start that can repair: mean {value}"
     assert value - boot >= 0.2, f"answers.json: bootstrapping the budget loses 0.70 of the mean dev success in the " \
                                 f"reference runs (0.2 or more expected); your pairs: {value} valued 0, {boot} bootstrapped"
-    why = str(clock.get("why", "")).lower()
-    assert any(w in why for w in ("bootstrap", "v(s", "value")) and any(w in why for w in ("turn", "budget", "clock")), \
-        "answers.json: clock.why must say what the value after the budget does (bootstrap / V(s)) to the turns"
 
 
 def numbers_in(text: str) -> list:

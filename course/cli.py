@@ -1,19 +1,24 @@
 """`python -m course homework ...` and `python -m course grade ...`: the course's command line."""
 import argparse
+import itertools
 import json
 import math
 import os
 import random
 import sys
 import time
+from pathlib import Path
 
 import agentic_rl as A
 from course.bundle import gradescope_students, write_autograder
 from course.exercises import EXERCISES, SILENT_BUGS
-from course.grading import (AUDIT_SECONDS, RERUN_TOLERANCE, grade, grader_failed, gradescope_results,
-                            print_grade)
+from course.audit import AUDIT_SECONDS, RERUN_TOLERANCE
+from course.grading import SUBMISSION_FILES, grade
+from course.report import grader_failed, gradescope_results, print_grade
 from course.handouts import write_handout
 from course.ids import SECRET_ENV
+from course.sandbox import IsolationMissing, missing_isolation
+from course.similarity import side_by_side, similarity
 
 
 SECRET_ON_THE_COMMAND_LINE = (f"--hidden-seed: a secret on the command line can be read by every process of the "
@@ -42,11 +47,18 @@ def main(argv):
     p_hw.add_argument("--rerun", type=float, default=None, help="with --autograder: seconds each grading spends "
                       "training experiment records again (the audit; default 600: set Gradescope's autograder timeout "
                       "to this plus 10 minutes); 0 = no audit")
-    p_grade = sub.add_parser("grade", help="grade a submission in a sandbox against this installation's checks",
-                             allow_abbrev=False)
-    p_grade.add_argument("dir", nargs="?", default=".", help="the submission directory (default: here)")
+    p_grade = sub.add_parser("grade", help="grade a submission (or a class of them) in a sandbox against this "
+                             "installation's checks", allow_abbrev=False)
+    p_grade.add_argument("dirs", nargs="*", default=["."], metavar="DIR", help="the submission's folder (default: "
+                         "here); several, or one folder that holds them, grade a class: each folder's name is its "
+                         "student, and every pair of students is compared")
     p_grade.add_argument("--only", default=None, help="comma-separated exercise ids (default: all)")
-    p_grade.add_argument("--json", default=None, help="also write Gradescope's results.json here")
+    p_grade.add_argument("--json", default=None, help="also write Gradescope's results.json here (a class: a folder, "
+                         "one NAME.json each)")
+    p_grade.add_argument("--html", default=None, help="also draw the code similarity page here: the matching code "
+                         "side by side, for the course staff")
+    p_grade.add_argument("--require-isolation", action="store_true", help="refuse to grade on a machine that gives "
+                         "the student's code less than the whole sandbox (namespaces, cgroup, seccomp, sandbox user)")
     p_grade.add_argument("--time-limit", type=float, default=60.0, help="seconds per exercise (default 60)")
     p_grade.add_argument("--silent-bug", default=None, choices=tuple(SILENT_BUGS),
                          help="the bug planted in the handouts (those without an id)")
@@ -54,9 +66,11 @@ def main(argv):
     whose.add_argument("--student", default=None, help="whose submission this is: its handout id must be bound to them")
     whose.add_argument("--metadata", default=None, help="Gradescope's submission_metadata.json: the handout id must be "
                        "bound to one of its submitters (the bundle's run_autograder passes it)")
-    p_grade.add_argument("--rerun", type=float, default=0.0, help="seconds for the audit: E3's and E8's runs, one of "
-                         "each chosen at random (more while the seconds last), trained again here (dev success and "
-                         f"mean training success within {RERUN_TOLERANCE}); 0 = off")
+    p_grade.add_argument("--rerun", type=float, default=AUDIT_SECONDS, help="seconds for the audit (default "
+                         f"{AUDIT_SECONDS:g}, as the bundle's): every E3 and E8 record's demonstrations recomputed, then "
+                         "runs trained again, one of each experiment at random and more while the seconds last (dev "
+                         f"and mean training success within {RERUN_TOLERANCE}); a record that does not reproduce zeroes "
+                         "its experiment; 0 = no audit")
     for p in (p_hw, p_grade):
         p.add_argument("--hidden-seed", default=None, help=argparse.SUPPRESS)     # refused below, by name
     args = parser.parse_args(argv)
@@ -92,18 +106,73 @@ def main(argv):
             return
         if args.rerun < 0 or not math.isfinite(args.rerun):
             raise ValueError(f"--rerun {args.rerun}: seconds for the audit, 0 (off) or more")
-        students = gradescope_students(args.metadata) if args.metadata else [args.student] if args.student else []
-        report = grade(args.dir, only, args.time_limit, args.silent_bug, secret, rerun_seconds=args.rerun,
-                       students=students)
+        graded = submissions(args.dirs)
+        if len(graded) > 1 and (args.student or args.metadata):
+            raise ValueError("--student and --metadata name one submission's students; in a class, each folder's "
+                             "name is its student")
+        reports = {}
+        for name, folder in graded.items():
+            students = gradescope_students(args.metadata) if args.metadata else \
+                [args.student] if args.student else [name] if len(graded) > 1 else []
+            reports[name] = grade(folder, only, args.time_limit, args.silent_bug, secret, rerun_seconds=args.rerun,
+                                  students=students, require_isolation=args.require_isolation)
+    except IsolationMissing as e:                # refused before any of the student's code ran
+        if args.json and len(args.dirs) == 1:
+            failed = json.dumps(grader_failed("the grading machine lacks part of its sandbox", time.time() - t))
+            A.atomic_write(args.json, lambda f: f.write(failed.encode()))
+        parser.exit(2, f"python -m course grade: {e}\n")
     except ValueError as e:
         parser.error(str(e))
     except Exception as e:                       # the grader's own failure: say so, in results.json too
-        if args.command == "grade" and args.json:
+        if args.command == "grade" and args.json and len(args.dirs) == 1:
             failed = json.dumps(grader_failed(repr(e), time.time() - t)).encode()
             A.atomic_write(args.json, lambda f: f.write(failed))
         raise
-    passed = print_grade(report)                 # every process the submission started is gone by now
-    if args.json:
-        A.atomic_write(args.json, lambda f: f.write(json.dumps(gradescope_results(report, time.time() - t),
-                                                               indent=2).encode()))
-    sys.exit(0 if passed else 1)
+    sys.exit(0 if report_class(reports, args.json, args.html, time.time() - t) else 1)
+
+
+def submissions(dirs: list) -> dict:
+    """name -> folder of each submission to grade: the folders given, or the folders inside the one given when it
+    holds no submitted file itself (a class, as a TA downloads it); each named by its folder."""
+    folders = [Path(d) for d in dirs]
+    if len(folders) == 1 and folders[0].is_dir() and not any((folders[0] / n).exists() for n in SUBMISSION_FILES):
+        folders = sorted(p for p in folders[0].iterdir() if p.is_dir() and not p.name.startswith(".")) or folders
+    names = [f.resolve().name for f in folders]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{' '.join(dirs)}: two submissions share a folder name; name each folder after its student")
+    return dict(zip(names, folders))
+
+
+def report_class(reports: dict, json_path, html_path, seconds: float) -> bool:
+    """Compare every pair of a class's submissions, then print each report (the staff's lines first) and write
+    results.json and the similarity page; a class run ends with one line per degraded or flagged submission.
+    Returns whether every check of every submission passed."""
+    for a, b in itertools.permutations(reports, 2):
+        reports[a]["~similarity"][b] = similarity(reports[a]["~own"], reports[b]["~own"])
+    passed, tail = True, []
+    if json_path and len(reports) > 1:
+        Path(json_path).mkdir(parents=True, exist_ok=True)
+    for name, report in reports.items():     # every process the submissions started is gone by now
+        if len(reports) > 1:
+            print(f"\n=== {name} ===")
+        passed &= print_grade(report)
+        if json_path:
+            path = Path(json_path) / f"{name}.json" if len(reports) > 1 else Path(json_path)
+            results = json.dumps(gradescope_results(report, seconds / len(reports)), indent=2).encode()
+            A.atomic_write(path, lambda f: f.write(results))
+        missing = missing_isolation(report["~sandbox"])
+        tail += [f"DEGRADED {name}: its code ran without {', '.join(missing)}"] * bool(missing)
+        tail += [f"FLAGGED {name}: {sim['share']:.2f} of its own code is {against}'s" for against, sim in
+                 report["~similarity"].items() if sim["flagged"]]
+    if html_path:
+        rows = [{"name": name, "against": against, **row, "exercise": ex} for name, report in reports.items()
+                for against, sim in report["~similarity"].items() if sim["flagged"] or len(reports) == 1
+                for ex, row in sim["exercises"].items() if row["fingerprints"]]
+        page = side_by_side(f"code similarity: {len(reports)} submission{'s' * (len(reports) > 1)}", rows)
+        A.atomic_write(html_path, lambda f: f.write(page.encode()))
+        tail.append(f"wrote {html_path} (the matching code side by side)")
+    if len(reports) > 1:
+        print("\n" + "\n".join(tail or ["no submission degraded or flagged"]))
+    elif tail[-1:] and tail[-1].startswith("wrote"):
+        print(tail[-1])
+    return passed

@@ -1,6 +1,8 @@
 """What the course's tests share: a course's secret, handouts filled in, records in a run's shape, the command
 line as a TA runs it, and a fork server kept for the in-process gradings (starting one costs seconds)."""
 import fcntl
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -34,14 +36,30 @@ def fill(path, exercise, code):
     path.write_text("".join(lines))
 
 
+def made_up(seed, env, hide_clock) -> tuple:
+    """(demonstrator success, SFT loss) that a made-up record carries for one warm start: distinct for each, as a
+    run's would be, and never what the demonstrations of those settings give (the audit recomputes that)."""
+    h = int(hashlib.sha256(f"{seed} {env} {hide_clock}".encode()).hexdigest()[:8], 16)
+    return 0.70 + (h % 500) / 10_000 + 1e-9, 0.045 + (h % 9973) / 1e6
+
+
 def fake_record(seed, dev, metric=None, warm=0.52, **asked):
-    """A run record in the shape a run writes it (summary.json's config, warm start, candidate and curve; one
-    metrics.jsonl line per iteration) with the numbers given: the grader's tests cannot train for minutes."""
+    """A run record in the shape a run writes it (summary.json's config, demonstrator success, warm start and its SFT
+    loss, candidate and curve; one metrics.jsonl line per iteration) with the numbers given: the grader's tests
+    cannot train for minutes."""
     config = asdict(A.Config(seed=seed, **asked))
+    demonstrator, loss = made_up(seed, config["env"], config["hide_clock"])
     metrics = [{"success": 0.5, "clip_frac": 0.0015, "approx_kl": 0.0002, "zero_std_groups": 5, "truncation_rate": 0.01,
-                **(metric or {})} for _ in range(config["iterations"])]
-    return {"summary": {"config": config, "warm_start": {"dev_success": warm}, "candidate": {"dev_success": dev},
+                "grad_norm": 0.5, **(metric or {})} for _ in range(config["iterations"])]
+    return {"summary": {"config": config, "demonstrator_success": demonstrator, "candidate": {"dev_success": dev},
+                        "warm_start": {"dev_success": warm, "sft_loss": loss},
                         "train_success_curve": [m["success"] for m in metrics]}, "metrics": metrics}
+
+
+def demonstrations_as_made_up(warm_start_settings: str) -> float:
+    """A stand-in for the audit's demonstrator_success (a second or two each): what fake_record made up."""
+    config = asdict(A.Config(**json.loads(warm_start_settings)))
+    return made_up(config["seed"], config["env"], config["hide_clock"])[0]
 
 
 def reference_answers(seeds=README_SEEDS, handout=None) -> dict:

@@ -1,29 +1,22 @@
 """Grading: the submission read first, each exercise in a fresh worker (course/sandbox.py), every verdict reached
-in the grader's process, the experiments against the student's own key, the audit that trains records again,
-and the report: the TA's summary and Gradescope's results.json."""
+in the grader's process, the experiments against the student's own key, then the audit (course/audit.py)."""
 import json
 import math
 import os
-import random
-import re
 import shutil
 import stat
-import subprocess
-import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
-import course
+from course.audit import audit
 from course.checks import EXPERIMENT_CHECKS, HIDDEN, HOMEWORK, NotChecked
-from course.exercises import CALLBACKS, EXERCISE_FILE, EXERCISES, EXPERIMENTS, mean_of
-from course.handouts import check_only, handout_text, plant
-from course.ids import SECRET_ENV, answer_key, hidden_seed_of, installation_file, strong_secret
-from course.lesson import (CLOCK_SETTINGS, E3_RUN, E8_RUNS, clock_numbers_are_your_runs_own_records, run_record,
-                           silent_bug_answer_carries_the_runs_before_and_after_the_fix)
-from course.sandbox import (MEMORY_LIMIT, SANDBOX_USER, GraderFailure, GradeTimeout, Remote, Sandbox, Worker,
-                            WorkerGone, student_error)
+from course.exercises import CALLBACKS, EXERCISE_FILE, EXERCISES, EXPERIMENTS, READ_BY_A_PERSON
+from course.handouts import check_only, handout_text
+from course.ids import answer_key, hidden_seed_of, installation_file, strong_secret
+from course.sandbox import (MEMORY_LIMIT, SANDBOX_USER, GraderFailure, GradeTimeout, IsolationMissing, Remote,
+                            Sandbox, Worker, WorkerGone, missing_isolation, student_error)
+from course.similarity import own_code, reference_code, similarity
 
 
 MAX_MESSAGE = 4000
@@ -137,7 +130,7 @@ def verdict(e: Exception) -> tuple:
         return "wrong", str(e)
     if isinstance(e, GradeTimeout):
         return "time limit", "stopped at the time limit: an endless loop, or far too slow"
-    if isinstance(e, MemoryError) and getattr(e, "from_student", False):
+    if isinstance(e, MemoryError) and getattr(e, "from_student", False) and not getattr(e, "stated", False):
         return "memory limit", f"stopped at the memory limit ({MEMORY_LIMIT >> 20} MiB more than torch itself): " \
                                f"{type(e).__name__}: {e}"
     if isinstance(e, WorkerGone):
@@ -193,6 +186,9 @@ def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
                 status, message = trouble[0], printable(trouble[1])
             elif done and done[-1]["status"] in ("time limit", "memory limit"):
                 status, message = done[-1]["status"], "not run: an earlier check of this exercise hit the limit"
+            elif worker.broken:
+                status, message = "crashes", printable(f"not run: your code broke the grader's protocol in an earlier "
+                                                       f"check of this exercise ({worker.broken}); its worker was killed")
             else:
                 status, message = run_check(check, Remote(worker, 0))
             done.append({"name": name, "hidden": hidden, "status": status, "message": message})
@@ -205,7 +201,8 @@ def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
 
 
 def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, hidden_seed=None,
-          user=SANDBOX_USER, memory: int = MEMORY_LIMIT, rerun_seconds: float = 0.0, students=()) -> dict:
+          user=SANDBOX_USER, memory: int = MEMORY_LIMIT, rerun_seconds: float = 0.0, students=(),
+          require_isolation: bool = False) -> dict:
     """Grade a submission: its agentic_rl.py, envs.py and answers.json, read first; each exercise in
     a fresh sandboxed worker within time_limit seconds, against this installation's checks; every
     verdict reached here; the experiments against the key of the student's handout (students: whom its id
@@ -231,6 +228,11 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
     with Sandbox(user, memory) as sandbox:
         graded = [e for e in EXERCISES if only is None or e in only]
         problems = compile_problems(sandbox, submission, time_limit) if graded else {}
+        missing = missing_isolation(f"{sandbox.note}, {getattr(sandbox, 'isolation', 'no worker started')}")
+        if require_isolation and missing:      # found by the compiler's worker, before any of the student's code runs
+            raise IsolationMissing(f"--require-isolation: on this machine the student's code would run without: "
+                                   f"{', '.join(missing)}; grade as root with CAP_SYS_ADMIN and cgroups (a container: "
+                                   "--cap-add SYS_ADMIN), or leave out --require-isolation and read the warning")
         for ex in graded:
             report[ex] = grade_exercise(sandbox, ex, files_for(ex, submission, problems), time_limit)
     for ex in experiments:
@@ -239,193 +241,14 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
             if check_ex == ex:
                 status, message = ("not started", answers_problem) if answers is None else run_check(check, answers, key)
                 report[ex]["checks"].append({"name": name, "hidden": hidden, "status": status, "message": message})
+        if ex in READ_BY_A_PERSON:           # its prose, for a person to read: pending, whatever words it uses
+            field, points = READ_BY_A_PERSON[ex]
+            said = (answers or {}).get(ex) if isinstance((answers or {}).get(ex), dict) else {}
+            report[ex]["pending"] = {"field": f"{ex}.{field}", "points": points,
+                                     "answer": printable(str(said.get(field) or "(empty)"))}
     if rerun_seconds:
         audit(report, answers, key, rerun_seconds)
     report["~sandbox"] = f"{sandbox.note}, {getattr(sandbox, 'isolation', 'no worker started')}"
+    report["~own"] = own_code({name: submission[name][0] for name in ("agentic_rl.py", "envs.py")}, graded)
+    report["~similarity"] = {"the public reference": similarity(report["~own"], reference_code(graded))}
     return report
-
-
-AUDIT_SECONDS = 600.0   # the bundle's audit per grading: about one E3 and one E8 run trained again on 2 cores
-RERUN_TOLERANCE = 0.1   # dev success, and training success over the run: the same seed on the same machine gives the
-                        # same numbers, another machine may differ by a few tasks, a made-up record by much more
-RECORD_CHECKS = {"clock": clock_numbers_are_your_runs_own_records.__name__,     # an experiment's runs are audited once
-                 "silent_bug": silent_bug_answer_carries_the_runs_before_and_after_the_fix.__name__}  # these pass
-
-
-def rerun(settings: dict, seconds: float, bug=None) -> dict:
-    """Train again here, within `seconds`, with the reference (and `bug` planted, as in the student's
-    handout) and these settings (the seed and the flags the experiment asks for, which record_of has found
-    in the record; every other setting at its default); the new run's record."""
-    flags = [part for name, value in settings.items() for part in
-             [f"--{name.replace('_', '-')}"] + ([] if isinstance(value, bool) else [str(value)])]
-    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}      # the reference's training needs no secret
-    with tempfile.TemporaryDirectory() as folder:
-        script = course.REPO / "agentic_rl.py"
-        if bug:
-            script = Path(folder) / "agentic_rl.py"
-            script.write_text(plant((course.REPO / "agentic_rl.py").read_text(), bug))
-            shutil.copy(course.REPO / "envs.py", Path(folder) / "envs.py")
-        subprocess.run([sys.executable, str(script), "train", *flags, "--device", "cpu", "--run-dir", f"{folder}/run"],
-                       capture_output=True, timeout=seconds, check=True, cwd=folder, env=env)
-        return run_record(f"{folder}/run")
-
-
-def audited_runs(ex: str, answers: dict, key: dict) -> list:
-    """(where in answers.json, record, its settings, the bug its code had) of each run an audit may train
-    again: E3's twelve (the reference), E8's six with the bug (the reference with the handout's bug planted,
-    when the grader knows it) and six after the fix (the reference)."""
-    seeds = key["seeds"]
-    if ex == "clock":
-        return [(f"clock.runs.{setting}[{i}]", answers["clock"]["runs"][setting][i], {**E3_RUN, **flags, "seed": seeds[i]},
-                 None) for setting, flags in CLOCK_SETTINGS.items() for i in range(3)]
-    parts = [("silent_bug_runs", key["silent_bug"])] if key["silent_bug"] else []   # their code needs the bug known
-    parts.append(("silent_bug_fixed_runs", None))
-    return [(f"{field}[{i}]", answers[field][i], {**E8_RUNS[i // 3], "seed": seeds[i % 3]}, bug)
-            for field, bug in parts for i in range(6)]
-
-
-def rerun_check(where: str, record: dict, settings: dict, bug, seconds: float) -> dict:
-    """One record trained again: passed when the rerun's candidate dev success and mean training success are
-    each within RERUN_TOLERANCE of the record's; "not checked" when the grader cannot finish the rerun."""
-    check = {"name": f"rerun_of_{re.sub(r'[^0-9a-z]+', '_', where).strip('_')}_reproduces_its_record", "hidden": True}
-    try:
-        again = rerun(settings, seconds, bug)
-    except Exception as e:                              # the grader's time or machine, never the student's doing
-        return {**check, "status": "not checked", "message": f"the grader could not finish this rerun "
-                f"({type(e).__name__}): not checked, no points lost; a TA may give --rerun more seconds"}
-    read = lambda r: (r["summary"]["warm_start"]["dev_success"], r["summary"]["candidate"]["dev_success"],
-                      mean_of(r["metrics"], "success"))
-    differ = [f"{what} {mine:.3f} in the record, {theirs:.3f} trained again here" for what, mine, theirs in
-              zip(("warm start dev success", "candidate dev success", "mean training success"), read(record), read(again))
-              if abs(mine - theirs) > RERUN_TOLERANCE]
-    return {**check, "status": "wrong" if differ else "passed", "message": f"{where} (seed {settings['seed']}): "
-            f"{'; '.join(differ)} (tolerance {RERUN_TOLERANCE})" if differ else ""}
-
-
-def audit(report: dict, answers: dict, key: dict, seconds: float) -> None:
-    """grade --rerun SECONDS: each experiment whose records pass their checks gets an equal share of the
-    seconds; one of its runs, chosen at random, is trained again, then more in random order while what is
-    left of the share is at least what the last one took. Each rerun is a hidden check of its experiment."""
-    shares = [ex for ex, check in RECORD_CHECKS.items() if ex in report and
-              any(c["name"] == check and c["status"] == "passed" for c in report[ex]["checks"])]
-    for ex in shares:
-        runs, deadline, last = audited_runs(ex, answers, key), time.monotonic() + seconds / len(shares), 0.0
-        for n, (where, record, settings, bug) in enumerate(random.sample(runs, len(runs))):
-            left = deadline - time.monotonic()
-            if n and left < last:
-                break
-            started = time.monotonic()
-            report[ex]["checks"].append(rerun_check(where, record, settings, bug, left))
-            last = time.monotonic() - started
-
-
-def exercises(report: dict) -> dict:
-    return {ex: row for ex, row in report.items() if not ex.startswith("~")}
-
-
-def counted(row: dict) -> list:
-    """The checks that count: a rerun the grader could not finish ("not checked") costs the student nothing."""
-    return [c for c in row["checks"] if c["status"] != "not checked"]
-
-
-def score(row: dict, hidden=None) -> tuple:
-    """(points earned, points possible) of an exercise (or of its hidden / visible checks): the
-    visible checks share half its points and the hidden ones the other half, each counted check of a
-    half alike, so hard-coding what the handout shows earns half at most."""
-    halves = [[c for c in counted(row) if c["hidden"] == h] for h in (False, True)]
-    earned = possible = 0.0
-    for h, part in zip((False, True), halves):
-        if part and hidden in (None, h):
-            weight = row["points"] / sum(1 for half in halves if half)
-            earned += weight * sum(c["status"] == "passed" for c in part) / len(part)
-            possible += weight
-    return earned, possible
-
-
-def suspicious(row: dict) -> bool:
-    """Every visible check passes and a hidden one does not: hard-coded answers, for a TA to look at."""
-    visible, hidden = ([c["status"] == "passed" for c in counted(row) if c["hidden"] == h] for h in (False, True))
-    return bool(visible) and all(visible) and not all(hidden)
-
-
-def unchecked(row: dict) -> bool:
-    """A rerun of this experiment could not finish: a TA may want to run it."""
-    return any(c["status"] == "not checked" for c in row["checks"])
-
-
-SUSPICIOUS = "visible checks pass, hidden checks fail: a TA should read this code (hard-coded answers?)"
-NOT_CHECKED = "a check the grader could not make (a rerun it could not finish, runs with nothing to judge) is not " \
-              "checked (no points lost): a TA may look"
-
-
-def quoted(message: str) -> str:
-    """A check's message as the report shows it: every line indented, so that none (a student's words may be in
-    it) can pass for a line of the report, such as "[passed] ..." or "total ..."."""
-    return textwrap.indent(message, "    ", lambda line: True)
-
-
-FILES_SHARED = ("WARNING: files shared: the student's code ran without a private root (the grader is not root, or "
-                "lacks CAP_SYS_ADMIN, as in a container with Docker's default capabilities) and could read every file "
-                "on this machine that others may read: keep other submissions, and anything else private, unreadable "
-                "by others (chmod -R go-rwx) while grading")
-NETWORK_SHARED = ("WARNING: network shared: the student's code ran with no network namespace and no seccomp filter, "
-                  "and could reach the network and this machine's unix sockets")
-
-
-def sandbox_lines(report: dict) -> list:
-    """What the workers ran as (the grader's note), and a loud warning for what they shared with the machine."""
-    note = report.get("~sandbox", "")
-    return [f"sandbox: {note}"] + ([FILES_SHARED] if "files shared" in note else []) + \
-        ([NETWORK_SHARED] if "network shared" in note and "seccomp on" not in note else [])
-
-
-def print_grade(report: dict) -> bool:
-    print("\n".join(sandbox_lines(report)))
-    print(f"{'exercise':<16}{'points':>14}  {'checks':>8}  status")
-    rows = exercises(report)
-    for ex, row in rows.items():
-        earned, possible = score(row)
-        passed = sum(c["status"] == "passed" for c in row["checks"])
-        worst = next((c for c in row["checks"] if c["status"] != "passed"), None)
-        print(f"{ex:<16}{earned:>7.1f} / {possible:<5.1f} {passed:>3}/{len(row['checks']):<3}  "
-              f"{'ok' if worst is None else worst['status'] + ': ' + worst['name']}" +
-              (f"  [{SUSPICIOUS}]" if suspicious(row) else "") + (f"  [{NOT_CHECKED}]" if unchecked(row) else ""))
-    for ex, row in rows.items():
-        for c in row["checks"]:
-            if c["status"] not in ("passed", "not started"):
-                print(f"\n[{ex}] {c['name']} ({'hidden' if c['hidden'] else 'visible'} check): {c['status']}\n"
-                      f"{quoted(c['message'])}")
-    earned, possible = (sum(score(row)[i] for row in rows.values()) for i in (0, 1))
-    skipped = sum(c["status"] == "not checked" for row in rows.values() for c in row["checks"])
-    print(f"\ntotal {earned:.1f} / {possible:.1f}: " + ("some checks did not pass" if earned != possible else
-                                                     f"every check made passed; {skipped} not checked" if skipped else
-                                                     "every check passed"))
-    return earned == possible
-
-
-def gradescope_results(report: dict, seconds: float) -> dict:
-    """Gradescope's results.json: one test per exercise and visibility; hidden checks show after publishing."""
-    tests = []
-    for number, (ex, row) in enumerate(exercises(report).items(), start=1):
-        for hidden in (False, True):
-            part = [c for c in row["checks"] if c["hidden"] == hidden]
-            if part:
-                earned, possible = score(row, hidden)
-                flag = (f"\n{SUSPICIOUS}" if hidden and suspicious(row) else "") + \
-                    (f"\n{NOT_CHECKED}" if hidden and unchecked(row) else "")
-                tests.append({"name": f"{ex} ({'hidden' if hidden else 'visible'} checks)",
-                              "number": f"{number}.{int(hidden) + 1}", "score": round(earned, 2),
-                              "max_score": round(possible, 2), "visibility": "after_published" if hidden else "visible",
-                              "output": "\n".join(f"[{c['status']}] {c['name']}" + (f"\n{quoted(c['message'])}"
-                                                                                    if c["message"] else "")
-                                                   for c in part) + flag})
-    return {"score": round(sum(t["score"] for t in tests), 2), "execution_time": round(seconds, 1),
-            "output": "\n".join(["agentic-rl homework: each exercise's visible checks, then its hidden ones",
-                                 *sandbox_lines(report)]),
-            "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
-
-
-def grader_failed(why: str, seconds: float) -> dict:
-    """results.json when the grader itself fails: the student sees that it was not their code."""
-    return {"score": 0.0, "execution_time": round(seconds, 1), "visibility": "visible", "stdout_visibility": "hidden",
-            "output": f"The grader failed, not your submission ({why}); the course staff will regrade it.", "tests": []}

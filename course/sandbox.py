@@ -111,7 +111,8 @@ def serve(sock, callbacks):
     with a value or what their code raised. It judges nothing and holds nothing of the reference: the
     pieces named in callbacks ask the grader for each value."""
     def raised(e):
-        send(sock, {"raised": [c.__name__ for c in type(e).__mro__], "message": f"{e}"[:4000]})
+        send(sock, {"raised": [c.__name__ for c in type(e).__mro__], "message": f"{e}"[:4000],
+                    "stated": raised_by_a_statement(e)})
     try:
         import agentic_rl as student
         import envs as student_envs
@@ -146,6 +147,16 @@ def serve(sock, callbacks):
             send(sock, {"value": to_wire(result, table)})
         except BaseException as e:                     # sys.exit too: it is an answer, not the end
             raised(e)
+
+
+def raised_by_a_statement(e: BaseException) -> bool:
+    """Whether the student's code raised e itself (`raise MemoryError(...)`): the instruction its traceback ends on is
+    a raise statement. A real allocation failure (the worker's memory limit) ends on the call that allocated."""
+    import dis
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and dis.opname[tb.tb_frame.f_code.co_code[tb.tb_lasti]] == "RAISE_VARARGS"
 
 
 def worker(sock, out_fd: int, req: dict):
@@ -584,6 +595,22 @@ class WorkerGone(Exception):
     pass
 
 
+class IsolationMissing(Exception):
+    """grade --require-isolation, on a machine where the workers would run with less than the whole sandbox."""
+
+
+ISOLATION = (("network none", "network namespace"), ("ipc private", "IPC namespace"), ("pids private", "PID namespace"),
+             ("files private", "mount namespace"), ("cgroup v", "cgroup"), ("seccomp on", "seccomp filter"))
+
+
+def missing_isolation(note: str) -> list:
+    """What a grading's workers ran without, read from the grader's note (the sandbox user, each namespace, the
+    cgroup, the seccomp filter); nothing when no worker started (no code of the student's ran)."""
+    if "no worker started" in note:
+        return []
+    return ["sandbox user"] * ("no sandbox user" in note) + [what for mark, what in ISOLATION if mark not in note]
+
+
 class GraderFailure(Exception):
     """Something failed on the grader's side: the verdict says so and never blames the student."""
 
@@ -625,7 +652,7 @@ class Sandbox:
                 print("another grading runs as the sandbox user; waiting for it to finish", file=sys.stderr)
                 fcntl.flock(self.lock, fcntl.LOCK_EX)
         ours, theirs = socket.socketpair()
-        server = (send, receive, to_wire, from_wire, serve, worker, compile_only, isolate, private_root, system_paths,
+        server = (send, receive, to_wire, from_wire, raised_by_a_statement, serve, worker, compile_only, isolate, private_root, system_paths,
                   lock_down, seccomp_program, below, kill_all, as_sandbox_user, remove_leftovers, make_cgroup,
                   remove_cgroups, fork_server)
         code = "\n".join([SERVER_IMPORTS, project_imports(), *map(inspect.getsource, server),
@@ -686,6 +713,7 @@ class Worker:
         answer is then self.ready."""
         self.sandbox, self.deadline, self.tail, self.callbacks = sandbox, deadline, bytearray(), callbacks
         self.allowed = set()  # the (wins, losses) whose sign_test_p this call may ask for (paired_outcomes)
+        self.broken = ""      # why the protocol broke (then the worker is killed: nothing after it is read)
         fds, reply = sandbox.request(op="fork", folder=str(folder), uid=sandbox.uid and sandbox.uid[0],
                                      gid=sandbox.uid and sandbox.uid[1], memory=sandbox.memory, callbacks=callbacks,
                                      compile=list(compile_only), cgroup_root=CGROUP_ROOT, tasks=WORKER_TASKS,
@@ -722,16 +750,16 @@ class Worker:
             except TimeoutError:
                 raise GradeTimeout() from None
             except (OSError, ValueError, RecursionError) as e:
-                raise WorkerGone(f"it sent a malformed reply ({type(e).__name__}: {str(e)[:200]})") from None
+                raise self.gone(f"it sent a malformed reply ({type(e).__name__}: {str(e)[:200]})") from None
             if reply is None:
                 raise WorkerGone(f"last output: {self.printed() or '(none)'}")
             if not isinstance(reply, dict):
-                raise WorkerGone("it sent a malformed reply")
+                raise self.gone("it sent a malformed reply")
             if "callback" not in reply:
                 return reply
             if reply["callback"] not in self.callbacks:
-                raise WorkerGone(f"it asked the grader for {str(reply['callback'])[:40]!r}, which this exercise "
-                                 "may not ask for")
+                raise self.gone(f"it asked the grader for {str(reply['callback'])[:40]!r}, which this exercise "
+                                "may not ask for")
             try:
                 send(self.sock, {"value": reference_value(reply["callback"], reply.get("args"), self.allowed)})
             except (ValueError, TypeError) as e:
@@ -752,7 +780,15 @@ class Worker:
         try:
             return from_wire(reply["value"], lambda name, f: types.SimpleNamespace(**f), lambda tag: Remote(self, tag["~handle"]))
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
-            raise WorkerGone(f"it sent a malformed value ({type(e).__name__})") from None
+            raise self.gone(f"it sent a malformed value ({type(e).__name__})") from None
+
+    def gone(self, why: str) -> WorkerGone:
+        """The protocol broke: kill the worker now (a frame read half, or one the student framed to look like the
+        next reply, would be read as an answer), and say why; the exercise's remaining checks are not run."""
+        self.broken = why
+        self.sock.close()
+        self.sandbox.clean()
+        return WorkerGone(why)
 
     def close(self):
         self.sock.close()
@@ -801,7 +837,8 @@ def student_error(reply: dict) -> Exception:
     names = [n for n in reply.get("raised", []) if isinstance(n, str) and n.isidentifier()] or ["Exception"]
     base = next((b for b in (getattr(builtins, n, None) for n in names)
                  if isinstance(b, type) and issubclass(b, Exception)), Exception)
-    return type(names[0], (base,), {"from_student": True})(str(reply.get("message", ""))[:4000])
+    return type(names[0], (base,), {"from_student": True, "stated": reply.get("stated") is True})(
+        str(reply.get("message", ""))[:4000])
 
 
 class Remote:

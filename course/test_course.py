@@ -2,10 +2,12 @@
 grades the reference fully and a blank at zero, each student's own seeds and bug, the secret's rules, the
 experiments graded on the runs' own records, and the audit that trains them again."""
 import json
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from dataclasses import asdict
 from pathlib import Path
 
@@ -13,18 +15,21 @@ import pytest
 
 import agentic_rl as A
 import course
-from course import grading
+import course.audit
 from course.bundle import installation_files, write_autograder
 from course.checks import EXPERIMENT_CHECKS, HIDDEN, HIDDEN_CHECKS, hidden_rng
 from course.cli import main as course_main
-from course.conftest import (SECRET, SLOW_SANDBOX, course_command, course_here, installation, normalized,
-                             reference_answers)
-from course.exercises import EXERCISES, EXPERIMENTS, SILENT_BUGS
-from course.grading import (AUDIT_SECONDS, NOT_CHECKED, SUSPICIOUS, exercises, grade, gradescope_results, rerun,
-                            rerun_check, run_check, score, suspicious, unchecked)
+from course.conftest import (SECRET, SLOW_SANDBOX, course_command, course_here, demonstrations_as_made_up, fill,
+                             installation, normalized, reference_answers)
+from course.exercises import EXERCISES, EXPERIMENTS, READ_BY_A_PERSON, SILENT_BUGS
+from course.audit import AUDIT_SECONDS, demonstrations_check, rerun, rerun_check
+from course.grading import grade, run_check
+from course.report import (NOT_CHECKED, SUSPICIOUS, audited, exercises, gradescope_results, score, suspicious,
+                           unchecked)
 from course.handouts import HANDOUT_FILES, answers_template, plant, solution_regions, write_handout
 from course.ids import MAKE_A_SECRET, SECRET_ENV, answer_key, hidden_seed_of, issued_to, new_handout
 from course.lesson import CLOCK_SETTINGS, README_SEEDS, run_record
+from course.similarity import FLAG, SHORTEST, function_text, own_code, reference_code, similarity, solution_functions
 
 
 
@@ -114,12 +119,18 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
                               text=True)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         scores[name] = json.loads((root / "results" / "results.json").read_text())
+        if "lacks part of its sandbox" in scores[name]["output"]:      # the bundle grades with --require-isolation
+            pytest.skip("this machine gives the workers less than the whole sandbox: the bundle refused to grade")
     total = sum(points for points, _ in EXERCISES.values()) + sum(EXPERIMENTS.values())
     assert scores["reference"]["score"] == pytest.approx(total) and scores["handout"]["score"] == 0
     for name, results in scores.items():                             # Gradescope's results.json format
         assert set(results) >= {"score", "execution_time", "output", "visibility", "stdout_visibility", "tests"}
-        assert len(results["tests"]) == 2 * (len(EXERCISES) + len(EXPERIMENTS))
-        for t in results["tests"]:
+        *graded, read, staff = results["tests"]      # then the prose a person reads, and the staff's, never a student's
+        assert len(graded) == 2 * (len(EXERCISES) + len(EXPERIMENTS)) and staff["visibility"] == "hidden"
+        assert read["name"] == "clock: clock.why (read by the course staff)" and read["max_score"] == 0
+        assert staff["max_score"] == 0 and "sandbox: " in staff["output"] and "sandbox" not in results["output"]
+        assert ("similarity to the public reference: 1.00" in staff["output"]) == (name == "reference"), staff
+        for t in graded:
             assert set(t) >= {"name", "score", "max_score", "number", "output", "visibility"}
             assert t["visibility"] in ("visible", "after_published")
             assert (t["score"] == t["max_score"]) if name == "reference" else t["score"] == 0
@@ -155,7 +166,7 @@ def settings_of(record) -> dict:
             if k in defaults and k not in ("run_dir", "device") and (k == "seed" or v != defaults[k])}
 
 
-TINY_FLAGS = ["--device", "cpu", "--warm-start-episodes", "0", "--iterations", "1", "--tasks-per-iter", "2",
+TINY_FLAGS = ["--device", "cpu", "--warm-start-episodes", "16", "--iterations", "1", "--tasks-per-iter", "2",
               "--group-size", "2", "--eval-episodes", "4", "--pass-k-tasks", "2", "--n-embd", "32", "--n-head", "2"]
 
 
@@ -163,12 +174,15 @@ TINY_FLAGS = ["--device", "cpu", "--warm-start-episodes", "0", "--iterations", "
 def test_a_rerun_reproduces_a_real_record_and_trains_the_code_of_the_records_handout(tmp_path, monkeypatch):
     A.main(["train", *TINY_FLAGS, "--run-dir", str(tmp_path / "run")])    # a real run, in this process
     record = run_record(tmp_path / "run")
-    assert rerun_check("clock.runs.value_zero[0]", record, settings_of(record), None, 300)["status"] == "passed", \
-        "a real record reproduces (trained again for real, with the reference)"
+    checked = rerun_check("clock.runs.value_zero[0]", record, settings_of(record), None, 300)
+    assert checked["status"] == "passed" and checked["exact"], ("a real record, trained again for real with the "
+                                                                "reference at its thread count, comes back bit for bit")
+    demonstrations = demonstrations_check("clock", [("its record", record, settings_of(record), None)])
+    assert demonstrations["status"] == "passed", demonstrations      # the audit draws the warm start's episodes
     trained = {}
 
     def train(argv, **kwargs):             # where a rerun with the handout's bug trains: what code, and a run
-        trained["code"] = Path(argv[1]).read_text()
+        trained["code"] = Path(re.search(r"run_path\('([^']+)'", argv[2]).group(1)).read_text()
         shutil.copytree(tmp_path / "run", argv[argv.index("--run-dir") + 1])
     monkeypatch.setattr(subprocess, "run", train)
     rerun(settings_of(record), 300, bug="ratio_always_one")
@@ -192,7 +206,7 @@ def trained_again(answers, bug, dev=None):
             [(answers["silent_bug_runs"], bug), (answers["silent_bug_fixed_runs"], None),
              *[(records, None) for records in answers["clock"]["runs"].values()]] for r in records}
 
-    def rerun(settings, seconds, bug=None):
+    def rerun(settings, seconds, bug=None, threads=1):
         record = made[json.dumps(settings, sort_keys=True), bug]
         return {"summary": {"warm_start": record["summary"]["warm_start"], "candidate": {
             "dev_success": record["summary"]["candidate"]["dev_success"] if dev is None else dev}},
@@ -205,22 +219,55 @@ def test_the_audit_reruns_e3_and_e8_and_a_rerun_it_cannot_finish_costs_nothing(t
     submission, experiments = answers_folder(tmp_path, answers), dict(only=["clock", "silent_bug"],
                                                                        silent_bug="ratio_always_one", rerun_seconds=60)
 
-    def cannot_finish(settings, seconds, bug=None):
+    def cannot_finish(settings, seconds, bug=None, threads=1):
         raise subprocess.TimeoutExpired("train", seconds)
-    monkeypatch.setattr(grading, "rerun", cannot_finish)
+    monkeypatch.setattr(course.audit, "demonstrator_success", demonstrations_as_made_up)  # as if they were a run's
+    monkeypatch.setattr(course.audit, "rerun", cannot_finish)
     report = exercises(grade(submission, **experiments))
     for ex, row in report.items():
         assert score(row) == (EXPERIMENTS[ex], EXPERIMENTS[ex]) and unchecked(row) and not suspicious(row), row
     results = {t["name"]: t for t in gradescope_results(report, 1.0)["tests"]}
     assert NOT_CHECKED in results["clock (hidden checks)"]["output"] and SUSPICIOUS not in json.dumps(results)
-    monkeypatch.setattr(grading, "rerun", trained_again(answers, "ratio_always_one"))
+    monkeypatch.setattr(course.audit, "rerun", trained_again(answers, "ratio_always_one"))
     report = exercises(grade(submission, **experiments))
     reruns = {ex: [c["status"] for c in row["checks"] if c["name"].startswith("rerun_of_")] for ex, row in report.items()}
     assert reruns == {"clock": ["passed"] * 12, "silent_bug": ["passed"] * 12}, "quick reruns: every record, in turn"
-    monkeypatch.setattr(grading, "rerun", trained_again(answers, "ratio_always_one", dev=0.5))
+    assert {audited(row) for row in report.values()} == {"audit: 12 records' demonstrations recomputed, 12 reproduced; "
+                                                         "12 runs trained again, 12 reproduced (12 bit for bit)"}
+    monkeypatch.setattr(course.audit, "rerun", trained_again(answers, "ratio_always_one", dev=0.5))
     report = exercises(grade(submission, **experiments))
-    assert all(score(row)[0] < EXPERIMENTS[ex] and suspicious(row) for ex, row in report.items()), \
-        "a record that a rerun does not reproduce costs its check"
+    assert all(0 < score(row)[0] < EXPERIMENTS[ex] and suspicious(row) for ex, row in report.items()), \
+        "a record a rerun does not reproduce costs its check: one that another thread count trains differently must " \
+        "not zero an honest student (README, the drift table)"
+
+
+def test_made_up_records_score_zero_under_the_default_audit_and_a_copied_one_is_refused(tmp_path, monkeypatch,
+                                                                                         shared_sandbox):
+    """A red team's rows. E3's twelve records and E8's twelve, made up on the student's own seeds with the lesson's
+    numbers guessed right (a warm start of 0.52, 0.0 bootstrapped, E8's signature), scored 40 of 40 with no audit.
+    The default audit recomputes each record's demonstrations (seconds, no training): a made-up record carries
+    another demonstrator success, and its experiment scores 0. A real run copied into another seed's slot, its
+    seed edited, is refused with no audit at all: two warm starts that differ never end with the same SFT loss."""
+    write_handout(tmp_path / "h", only=["kl_k3"], silent_bug="ratio_always_one", hidden_seed=SECRET,
+                  student="ana@uni.example")
+    issued = json.loads((tmp_path / "h" / "answers.json").read_text())
+    made = reference_answers(issued["seeds"], issued["handout"])
+    def cannot_finish(settings, seconds, bug=None, threads=1):          # what training again would say is not needed here
+        raise subprocess.TimeoutExpired("train", seconds)
+    monkeypatch.setattr(course.audit, "rerun", cannot_finish)
+    graded = lambda answers, name, seconds: exercises(grade(answers_folder(tmp_path, answers, name),
+                                                            only=["clock", "silent_bug"], hidden_seed=SECRET,
+                                                            students=["ana@uni.example"], rerun_seconds=seconds))
+    assert [score(row)[0] for row in graded(made, "no-audit", 0).values()] == [20, 16], "no audit: full marks"
+    for ex, row in graded(made, "audited", AUDIT_SECONDS).items():
+        assert score(row) == (0, EXPERIMENTS[ex]) and "did not reproduce" in audited(row), (ex, audited(row))
+        assert "did not come from a run with its settings" in json.dumps(row["checks"])
+    copied = reference_answers(issued["seeds"], issued["handout"])
+    runs = copied["clock"]["runs"]["value_zero"]
+    runs[1] = json.loads(json.dumps(runs[0]))                   # seed 0's run, handed in as seed 1's
+    runs[1]["summary"]["config"]["seed"] = issued["seeds"][1]
+    row = graded(copied, "copied", 0)["clock"]
+    assert score(row)[0] == 0 and "one is a copy of the other's run" in json.dumps(row["checks"]), row
 
 
 def test_each_student_has_their_own_seeds_and_bug_and_the_readmes_numbers_score_zero(tmp_path, capsys, monkeypatch,
@@ -287,6 +334,20 @@ def test_homework_from_a_grading_installation_says_what_it_lacks(tmp_path, capsy
     assert not (tmp_path / "handout").exists()
 
 
+def test_an_explanation_is_read_by_a_person_and_never_scored_by_its_words(tmp_path, shared_sandbox):
+    """A red team's row: a wrong clock.why that carries the words a keyword test looked for got full marks. Now an
+    explanation earns nothing automatically, and an empty one loses nothing automatically: E3's records earn its
+    autograded points, and the explanation's points stay pending, with its text, for a person to read."""
+    wrong, empty = reference_answers(), reference_answers()
+    wrong["clock"]["why"] = "the value V(s) of the turn budget makes the clock bootstrap the budget's turns"
+    empty["clock"]["why"] = ""
+    for name, answers in (("wrong", wrong), ("empty", empty)):
+        report = exercises(grade(answers_folder(tmp_path, answers, name), only=["clock"]))["clock"]
+        assert score(report) == (EXPERIMENTS["clock"], EXPERIMENTS["clock"]), report
+        assert report["pending"] == {"field": "clock.why", "points": READ_BY_A_PERSON["clock"][1],
+                                     "answer": answers["clock"]["why"] or "(empty)"}
+
+
 def test_experiments_are_graded_on_the_runs_own_records():
     key = {"silent_bug": "ratio_always_one", "seeds": README_SEEDS, "why": ""}
     run = lambda answers, key=key: {name: run_check(fn, answers, key) for _, name, fn, _ in EXPERIMENT_CHECKS}
@@ -349,3 +410,107 @@ def test_experiments_are_graded_on_the_runs_own_records():
         r["summary"]["warm_start"]["dev_success"] = 0.125
     bootstrapped = run(stalled_fixed, dict(key, silent_bug="budget_bootstrapped"))
     assert bootstrapped["silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not"][0] == "not checked"
+
+
+FRESH = {  # written for this test, from the handout's stubs alone, by two students who never saw the reference
+    "terse": {"returns": """g, G = 0.0, torch.zeros_like(r)
+for k in reversed(range(len(r))):
+    g = r[k] + gamma * g
+    G[k] = g
+return G""", "gae": """n = torch.cat([v[1:], torch.tensor([last_value if bootstrap else 0.0])])
+d = r + gamma * n - v
+a, A = 0.0, torch.zeros_like(r)
+for k in reversed(range(len(r))):
+    a = d[k] + gamma * lam * a
+    A[k] = a
+return A, A + v""", "grpo": """a = r - r.mean(-1, keepdim=True)
+if std != "none":
+    a = a / (r.std(-1, keepdim=True, unbiased=std == "unbiased") + eps)
+return torch.where((r == r[..., :1]).all(-1, keepdim=True), torch.zeros_like(a), a)""",
+                  "ppo_clip": """r = torch.exp(logprobs - old_logprobs)
+l = -torch.min(r * advantages, torch.clamp(r, 1 - clip_eps, 1 + clip_eps) * advantages)
+loss = (l * mask).sum() / n
+with torch.no_grad():
+    c = (((r - 1).abs() > clip_eps).float() * mask).sum() / n
+    k = (((r - 1) - torch.log(r)) * mask).sum() / n
+return loss, {"clip_frac": float(c), "approx_kl": float(k)}"""},
+    "textbook": {"returns": """G = torch.zeros_like(r)
+running = 0.0
+for k in reversed(range(len(r))):
+    running = r[k] + gamma * running
+    G[k] = running
+return G""", "gae": """K = len(r)
+adv = torch.zeros_like(r)
+next_v = last_value if bootstrap else 0.0
+last_gae = 0.0
+for k in reversed(range(K)):
+    delta = r[k] + gamma * next_v - v[k]
+    last_gae = delta + gamma * lam * last_gae
+    adv[k] = last_gae
+    next_v = v[k]
+return adv, adv + v""", "grpo": """mean = r.mean(dim=-1, keepdim=True)
+adv = r - mean
+if std == "population":
+    adv = adv / (r.std(dim=-1, unbiased=False, keepdim=True) + eps)
+elif std == "unbiased":
+    adv = adv / (r.std(dim=-1, unbiased=True, keepdim=True) + eps)
+flat = (r == r[..., :1]).all(dim=-1, keepdim=True)
+return torch.where(flat, torch.zeros_like(adv), adv)""", "ppo_clip": """ratio = torch.exp(logprobs - old_logprobs)
+surr1 = ratio * advantages
+surr2 = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantages
+per_tok = -torch.min(surr1, surr2)
+loss = (per_tok * mask).sum() / n
+with torch.no_grad():
+    clipped = ((ratio - 1).abs() > clip_eps).float()
+    clip_frac = (clipped * mask).sum() / n
+    approx_kl = (((ratio - 1) - (logprobs - old_logprobs)) * mask).sum() / n
+return loss, {"clip_frac": float(clip_frac), "approx_kl": float(approx_kl)}"""}}
+
+
+def renamed(source: str) -> str:
+    """Every name a function assigns renamed (what a copier does first; its arguments are the API), by tokens."""
+    import ast
+    import io
+    import tokenize
+    tree = ast.parse(textwrap.dedent(source))
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    new, out, before = {name: f"v{i}" for i, name in enumerate(sorted(names))}, [], None
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        out.append(tok._replace(string=new[tok.string]) if tok.type == tokenize.NAME and tok.string in new and
+                   not (before and before.string == ".") else tok)
+        before = tok
+    return tokenize.untokenize(out)
+
+
+def test_a_copy_of_the_reference_is_flagged_and_solutions_written_fresh_are_not(tmp_path, shared_sandbox, capsys):
+    """The reference is public, so a copy of it scores every code point: grade says so to the staff alone. The
+    reference's four solutions copied, renamed and reformatted: flagged; two students' fresh ones: not, against the
+    reference or each other (README: five fresh students, the shares measured)."""
+    four, reference = ["returns", "gae", "grpo", "ppo_clip"], reference_code(["returns", "gae", "grpo", "ppo_clip"])
+    text = (course.REPO / "agentic_rl.py").read_text()
+    copied = text
+    for ex in four:
+        body = function_text(text, solution_functions()[ex][1])
+        copied = copied.replace(body, "\n\n".join(renamed(body).splitlines()) + "\n")    # renamed, spread out
+    assert similarity(own_code({"agentic_rl.py": copied}, four), reference)["flagged"]
+    fresh = {}
+    for student, code in FRESH.items():
+        write_handout(tmp_path / student, only=four)
+        for ex in four:
+            fill(tmp_path / student / "agentic_rl.py", ex, code[ex].splitlines())
+        fresh[student] = own_code({"agentic_rl.py": (tmp_path / student / "agentic_rl.py").read_text()}, four)
+        sim = similarity(fresh[student], reference)
+        assert not sim["flagged"] and sim["share"] < FLAG and sim["fingerprints"] >= SHORTEST, (student, sim)
+    assert not similarity(fresh["terse"], fresh["textbook"])["flagged"]
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "agentic_rl.py").write_text(copied)
+    shutil.copy(course.REPO / "envs.py", tmp_path / "copy" / "envs.py")
+    code, printed = course_here(capsys, "grade", tmp_path / "copy", tmp_path / "terse", "--only", ",".join(four),
+                                "--json", tmp_path / "results", "--html", tmp_path / "similarity.html", "--rerun", "0")
+    staff = json.loads((tmp_path / "results" / "copy.json").read_text())["tests"][-1]
+    assert staff["visibility"] == "hidden" and "similarity to the public reference: 1.00" in staff["output"]
+    assert "FLAGGED copy: 1.00 of its own code is the public reference's" in printed, printed
+    assert "FLAGGED terse" not in printed and "similarity to copy" in printed     # every pair compared
+    page = (tmp_path / "similarity.html").read_text()
+    assert page.count("<h2>") == 4 and "copy, ppo_clip, against the public reference: 100%" in page
+    assert "<script" not in page and "class=\"hit\"" in page

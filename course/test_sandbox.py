@@ -24,9 +24,10 @@ from course.checks import HOMEWORK
 from course.conftest import (SECRET, SLOW_SANDBOX, SharedSandbox, course_command, course_here, fill, hold, installation,
                              normalized, reference_answers)
 from course.exercises import EXERCISES
-from course.grading import exercises, grade, gradescope_results, score, suspicious, verdict
+from course.grading import grade, verdict
+from course.report import exercises, gradescope_results, print_grade, score, suspicious
 from course.handouts import write_handout
-from course.sandbox import CGROUP_ROOT, SANDBOX_USER, Sandbox, WorkerGone, student_error
+from course.sandbox import CGROUP_ROOT, SANDBOX_USER, IsolationMissing, Sandbox, WorkerGone, student_error
 
 
 
@@ -286,7 +287,7 @@ def test_whatever_a_submission_holds_it_gets_a_valid_results_json(tmp_path, caps
         code, printed = course_here(capsys, "grade", submission, "--only", "sign_test,permission_rule,clock", "--json",
                                     results)
         out = json.loads(results.read_text())
-        assert code == 1 and out["score"] == 0 and len(out["tests"]) == 6, (case, out)
+        assert code == 1 and out["score"] == 0 and len(out["tests"]) == 6 + 2, (case, out)   # + E3's prose and the staff's
         text = printed + json.dumps(out)
         expected = {"deep": ["not valid JSON", "agentic_rl.py is a symbolic link", "envs.py is over 4 MiB"],
                     "special": ["envs.py is a special file", "answers.json is a directory"]}[case]
@@ -455,7 +456,7 @@ def with_dockers_capabilities():
 @SLOW_SANDBOX
 @pytest.mark.skipif(os.getuid() != 0, reason="the sandbox user needs a grader running as root")
 def test_without_cap_sys_admin_the_grader_makes_up_for_the_namespaces_and_says_so(tmp_path, graded_privately,
-                                                                                   monkeypatch):
+                                                                                   monkeypatch, capsys):
     """Graded as root with Docker's default capabilities (Gradescope's container may have no more): no
     namespace can be made, so a worker shares the machine's network, System V IPC, processes and files. The
     seccomp filter still refuses sockets; what the sandbox user left in /tmp, /var/tmp, /dev/shm and /run/lock
@@ -499,9 +500,23 @@ except OSError as e:
         assert "a socket: refused" in report["kl_k3"]["checks"][0]["message"], "no network: the filter holds"
         assert left() == [] and sysv_objects(key) == [], "what it left is gone before the next exercise"
         assert victim.read_text() == "root's file", "a link is removed, never followed"
-        output = gradescope_results(report, 1.0)["output"]
-        assert f"sandbox: {report['~sandbox']}" in output and "WARNING: files shared" in output, output
-        assert "keep" in output and "unreadable" in output
+        print_grade(report)
+        first = capsys.readouterr().out.splitlines()[0]                  # before any score, what is missing
+        assert first.startswith("WARNING: the student's code ran without: network namespace, IPC namespace, PID "
+                                "namespace, mount namespace") and "--require-isolation" in first, first
+        results = gradescope_results(report, 1.0)
+        staff = results["tests"][-1]                                     # where staff read, students never
+        assert staff["visibility"] == "hidden" and first in staff["output"] and "WARNING" not in results["output"]
+        assert f"sandbox: {report['~sandbox']}" in staff["output"] and "WARNING: files shared" in staff["output"]
+        assert "keep" in staff["output"] and "unreadable" in staff["output"]
+        with pytest.raises(IsolationMissing, match="would run without: network namespace, IPC namespace, PID "
+                                                   "namespace, mount namespace"):
+            grade(sub, only=["kl_k3"], require_isolation=True)        # refused before any of its code runs
+        code, printed = course_here(capsys, "grade", sub, "--only", "kl_k3", "--require-isolation", "--json",
+                                    tmp_path / "r.json")
+        refused = json.loads((tmp_path / "r.json").read_text())
+        assert code == 2 and "would run without: network namespace" in printed and refused["score"] == 0
+        assert "lacks part of its sandbox" in refused["output"] and not refused["tests"], refused
     finally:
         for path in left():
             subprocess.run(["rm", "-rf", path])
@@ -575,3 +590,30 @@ def test_a_message_is_filed_by_what_raised_it_never_by_its_words():
     output = gradescope_results({"kl_k3": row}, 1.0)["tests"][0]["output"]
     assert [line for line in output.splitlines() if not line.startswith("    ")] == ["[crashes] kl_k3_is_nonnegative"], \
         "every line of a message is indented: it cannot forge a line of the report"
+
+
+DESYNC = """import struct as _struct, sys as _s
+_f = _s._getframe()
+while "sock" not in _f.f_locals:
+    _f = _f.f_back
+_f.f_locals["sock"].sendall(_struct.pack("!Q", 1 << 40) + _struct.pack("!Q", 14) + b'{"value": 1.0}')
+return torch.zeros(len(r))"""
+
+
+def test_a_malformed_frame_ends_its_exercise_and_the_next_is_graded_and_a_stated_memory_error_is_a_crash(
+        tmp_path, shared_sandbox):
+    """A red team's open rows. returns sends a frame header over the limit and, behind it, a frame shaped like the
+    next check's answer: the grader stops reading at the header, kills the worker, and the exercise's other checks
+    are not run (never answered by the decoy); sign_test, next in the same grading, is graded as usual. kl_k3
+    raises MemoryError itself: a crash of its code, not the memory limit (a real allocation failure still is)."""
+    sub = tmp_path / "sub"
+    write_handout(sub, only=["returns", "kl_k3"])
+    fill(sub / "agentic_rl.py", "returns", DESYNC.splitlines())
+    fill(sub / "agentic_rl.py", "kl_k3", ["raise MemoryError('a 3 GiB bytearray')"])
+    report = exercises(grade(sub, only=["returns", "kl_k3", "sign_test"], time_limit=20))
+    returns = report["returns"]["checks"]
+    assert {c["status"] for c in returns} == {"crashes"} and "a frame of 1099511627776 bytes" in returns[0]["message"]
+    assert all(c["message"].startswith("not run: your code broke the grader's protocol") for c in returns[1:]), returns
+    assert {c["status"] for c in report["sign_test"]["checks"]} == {"passed"}, "the next exercise, graded normally"
+    kl = report["kl_k3"]["checks"]
+    assert {c["status"] for c in kl} == {"crashes"} and "(raised by your code)" in kl[0]["message"], kl
