@@ -63,13 +63,13 @@ import envs
 
 # ################################################################################################
 # PART I · THE LOOP
-# One training iteration and its verdict, in the chapter's order (01 to 07), ending in train(): read it first.
-# First reading (the demo's default run, grpo): Config's first block; 01 Turn, Episode, host_step, play_episode (skim
-#   HostGate's rules); 02 pack; 03 discounted_returns, group_advantages, group_credit; 04 ppo_clip_loss; 05 learn,
-#   collect (skim warm_start, optimizer_steps, ppo_step_loss); 07 evaluate, promotion_decision (skim report_card);
-#   train(). Second reading: 03's step credit and critic routes (step_group_advantages, state_key, step_credit;
-#   should_bootstrap, gae, critic_credit), 04's kl_k3 and dpo_loss, 05's TrajectoryStore.add, what was skimmed, and
-#   the other routes and views after train(). What a listed function calls sits beside it.
+# Read this part first: one training iteration and its verdict, in the chapter's order (01 to 07), then train().
+# First reading, the default run's path (grpo): 01 Turn, Episode, host_step, play_episode; 02 pack; 03
+#   group_advantages, group_credit; 04 ppo_clip_loss; 05 learn, collect; 07 promotion_decision; train(). Skim the
+#   rest as you pass: Config past its first lines, HostGate's rules, the warm start, evaluate and its card. Second
+#   reading: 03's returns, step credit and critic routes (discounted_returns, step_group_advantages, state_key,
+#   step_credit; should_bootstrap, gae, critic_credit), 04's kl_k3 and dpo_loss, 05's TrajectoryStore.add, what was
+#   skimmed, and the other routes and views after train(). What a listed function calls sits beside it.
 # ################################################################################################
 @dataclass
 class Config:
@@ -77,7 +77,8 @@ class Config:
     # the RL ideas (a first reading may skim them: each is met where it acts)
     algo: str = "grpo"                    # PPO credit: grpo | stepgroup | gae | reinforce (A = G - V); or rs_sft | dpo
     group_size: int = 8                   # G rollouts of the same task (GRPO's group)
-    adv_std: str = "population"           # GRPO scale: population | unbiased (TRL/verl) | none (Dr. GRPO; token-mean loss)
+    adv_std: str = "population"           # GRPO scale: population | unbiased (TRL/verl) | none (Dr. GRPO's advantage;
+                                          # the loss stays this file's token mean, not Dr. GRPO's constant divisor)
     clip_eps: float = 0.2                 # PPO clip range
     ppo_epochs: int = 2                   # passes over each batch (rs_sft's, dpo's too): the ratio moves, the clip acts
     gamma: float = 1.0                    # per-turn discount for gae, reinforce and stepgroup's step returns
@@ -89,7 +90,7 @@ class Config:
     hide_clock: bool = False              # experiment: observations do not show the turns left
     time_limit: int = 0                   # a cut from outside the task: stop training episodes after N executed calls
     bootstrap_budget: bool = False        # experiment (gae, reinforce): bootstrap V(s_K) at the task's own budget too
-    deny_credit: str = "shared"           # shared: a denied turn shares its episode's credit | nonpositive: capped at 0
+    deny_credit: str = "shared"           # shared: a denied turn keeps its route's credit | nonpositive: capped at 0
     process_coef: float = 0.0             # adds c x the environment's process reward (a step verifier) to each turn
     trajectory_view: str = "concat"       # concat: one row per episode | per_call: one row per model call (same loss)
     dpo_beta: float = 0.1                 # dpo only: strength of the pull towards the reference (warm-start) policy
@@ -167,7 +168,7 @@ class Tokenizer:
         return [self.stoi.get(w, self.unk) for w in text.split()] + [self.eoa]
 
     def decode_action(self, ids) -> str:
-        """Token ids -> the text handed to the host; <eoa> ends it and is not part of the text."""
+        """Token ids -> the text handed to the host; <eoa> (the action's last id) is not part of the text."""
         return " ".join(self.itos[i] for i in ids if i != self.eoa)
 
     def __len__(self):
@@ -310,6 +311,7 @@ def host_step(env, gate: HostGate, action_text: str):
     truncated = truncated and not terminated  # a TimeLimit may set both on the last step: the end state wins
     # time_limit: gymnasium's TimeLimit (make_env, Part II) counts executed calls; a denial bypasses it (raw.refuse)
     info["truncated_by"] = "" if not truncated else "turn_budget" if raw.state.turns >= raw.max_turns else "time_limit"
+    # (both on one step: the task's own budget, which ends it whatever the wrapper says)
     return obs, reward, terminated, truncated, info, decision
 
 
@@ -375,7 +377,7 @@ def host_turn(env, gate, tok: Tokenizer, cfg: Config, ep: Episode, seen: tuple, 
 # ================================================================================================
 def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
     """Episodes -> right-padded tensors, one row (the whole multi-turn trajectory) per episode: the concatenated view.
-    tokens (B, T); action_mask (B, T) = 1 only on tokens the policy generated (including <eoa>), 0 on prompt,
+    tokens (B, T); action_mask (B, T) = 1 only on action tokens (the policy's, a demonstration's: <eoa> too), 0 on prompt,
     observations, gate messages and padding; old_logprobs (B, T) from sampling time (0 off the mask and on a
     demonstration's actions); turn_id (B, T) = turn index on action tokens, -1 elsewhere; decision_pos (B, K) = the
     <act> before each turn (V(s_k)); turn_mask (B, K) = 1 for real turns; last_pos (B,) = the <act> after the final
@@ -540,7 +542,7 @@ def step_credit(episodes, cfg: Config) -> torch.Tensor:
     """stepgroup's step term A^S(s_t), (B, K): step_group_advantages of each turn's discounted return, within its
     task's group. Added to grpo's A with weight 1 (GiGPO). Within each set of turns that shared a state it sums to
     0; at a state the whole group shares (the first, often more), with gamma 1 and no process reward, it equals
-    grpo's A, counted twice (`examples`: +1 -> +2)."""
+    grpo's A, counted twice (the worked group of `python agentic_rl.py examples`: +1 -> +2)."""
     out = torch.zeros(len(episodes), max(len(ep.turns) for ep in episodes))
     for g in dict.fromkeys(ep.group_id for ep in episodes):
         turns = [(b, k) for b, ep in enumerate(episodes) if ep.group_id == g for k in range(len(ep.turns))]
@@ -750,7 +752,7 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
             group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)  # constant, then a cosine to 0 (Part II)
         loss, _ = sft_step(policy, batch, idx)
         opt.zero_grad()
-        loss.backward()  # unclipped: clipped at 1.0 as in RL, dev success moved 0 to 0.02 on seeds 0-2 (README)
+        loss.backward()  # no gradient clipping (README: clipping at 1.0, as RL does, moved dev success 0 to 0.02)
         opt.step()
         losses.append(loss.item())
     return {"demo_success": float(np.mean([ep.reward for ep in demos])), "sft_loss": float(np.mean(losses[-10:])),
@@ -961,7 +963,7 @@ def promotion_decision(candidate: dict, incumbent: dict):
     gates[0].update(wins=wins, losses=losses)
     failed = [g for g in gates if not g["passed"]]
     reason = (f"{failed[0]['gate']} failed: {failed[0]['value']} (rule {failed[0]['rule']})" if failed else
-              f"all {len(gates)} release gates passed ({gates[0]['value']}; no unauthorized side effect, no new denial)")
+              f"all {len(gates)} release gates passed ({gates[0]['value']}; no unauthorized side effect or added denial)")
     return not failed, reason, gates
     # END SOLUTION promotion
 

@@ -241,6 +241,7 @@ def test_the_audit_reruns_e3_and_e8_and_a_rerun_it_cannot_finish_costs_nothing(t
         "not zero an honest student (README, the drift table)"
 
 
+@SLOW_SANDBOX
 def test_made_up_records_score_zero_under_the_default_audit_and_a_copied_one_is_refused(tmp_path, monkeypatch,
                                                                                          shared_sandbox):
     """A red team's rows. E3's twelve records and E8's twelve, made up on the student's own seeds with the lesson's
@@ -482,6 +483,7 @@ def renamed(source: str) -> str:
     return tokenize.untokenize(out)
 
 
+@SLOW_SANDBOX
 def test_a_copy_of_the_reference_is_flagged_and_solutions_written_fresh_are_not(tmp_path, shared_sandbox, capsys):
     """The reference is public, so a copy of it scores every code point: grade says so to the staff alone. The
     reference's four solutions copied, renamed and reformatted: flagged; two students' fresh ones: not, against the
