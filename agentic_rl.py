@@ -64,18 +64,18 @@ import envs
 # ################################################################################################
 # PART I · THE LOOP
 # Read this part first: one training iteration and its verdict, in the chapter's order (01 to 07), then train().
-# First reading, the default run's path (grpo): 01 Turn, Episode, host_step, play_episode; 02 pack; 03
-#   group_advantages, group_credit; 04 ppo_clip_loss; 05 learn, collect; 07 promotion_decision; train(). Skim the
-#   rest as you pass: Config past its first lines, HostGate's rules, the warm start, evaluate and its card. Second
-#   reading: 03's returns, step credit and critic routes (discounted_returns, step_group_advantages, state_key,
-#   step_credit; should_bootstrap, gae, critic_credit), 04's kl_k3 and dpo_loss, 05's TrajectoryStore.add, what was
-#   skimmed, and the other routes and views after train(). What a listed function calls sits beside it.
+# First reading, the default run's path (grpo): 01 Turn, Episode, host_step, play_episode (its episode as a plain
+#   loop); 02 pack; 03 group_advantages, group_credit; 04 ppo_clip_loss; 05 learn, collect; 07 promotion_decision;
+#   train(). The helpers these call sit beside them and belong to the reading; skim the rest as you pass (Config,
+#   HostGate's rules, the warm start, evaluate and its card). Second reading: 03's returns, step credit and critic
+#   routes (discounted_returns, step_group_advantages, state_key, step_credit; should_bootstrap, gae, critic_credit),
+#   04's kl_k3 and dpo_loss, 05's TrajectoryStore.add, what was skimmed, and the other routes after train().
 # ################################################################################################
 @dataclass
 class Config:
     """Every setting of a run, CPU-sized: each is a flag (`train --help`), checked first (validate_config, Part II)."""
     # the RL ideas (a first reading may skim them: each is met where it acts)
-    algo: str = "grpo"                    # PPO credit: grpo | stepgroup | gae | reinforce (A = G - V); or rs_sft | dpo
+    algo: str = "grpo"                    # PPO credit: grpo | stepgroup | gae | reinforce (GAE, lam 1); or rs_sft | dpo
     group_size: int = 8                   # G rollouts of the same task (GRPO's group)
     adv_std: str = "population"           # GRPO scale: population | unbiased (TRL/verl) | none (Dr. GRPO's advantage;
                                           # the loss stays this file's token mean, not Dr. GRPO's constant divisor)
@@ -188,7 +188,7 @@ class Turn:
     gate_reason: str        # "ok" or the rule that denied it
     receipt: dict           # the tool's receipt (or the denial)
     reward: float           # the outcome: paid on the turn that terminates (1 = success), 0 on every other turn
-    cost: float             # the tool call's simulated credits: never in the reward (the gates' cost per success)
+    cost: float             # the tool call's simulated credits: never in the reward (07's gate on cost per success)
     invalid: bool           # malformed action (unknown tool / bad arguments)
     terminated: bool        # an end state of the task was reached
     truncated: bool         # no end state, but something cut the episode here
@@ -688,9 +688,6 @@ class TrajectoryStore:
         if ep.policy_version > current_version:
             raise ValueError(f"episode {ep.episode_id}: policy_version {ep.policy_version} is from the future "
                              f"(the learner is at version {current_version})")
-        if current_version - ep.policy_version > self.max_staleness:
-            raise StaleEpisode(f"episode {ep.episode_id}: policy_version {ep.policy_version} is too stale for "
-                               f"version {current_version} (max_staleness={self.max_staleness})")
         for k, t in enumerate(ep.turns):
             if len(t.action_logprobs) != len(t.action_tokens):
                 raise ValueError(f"episode {ep.episode_id} turn {k}: action_logprobs must hold one log-prob per "
@@ -701,6 +698,9 @@ class TrajectoryStore:
             if t.truncated_by not in (CUTS if t.truncated else ("",)):
                 raise ValueError(f"episode {ep.episode_id} turn {k}: truncated_by={t.truncated_by!r}; a truncated "
                                  f"turn names its cut ({', '.join(CUTS)}), any other turn none")
+        if current_version - ep.policy_version > self.max_staleness:   # last: only a sound episode is merely stale
+            raise StaleEpisode(f"episode {ep.episode_id}: policy_version {ep.policy_version} is too stale for "
+                               f"version {current_version} (max_staleness={self.max_staleness})")
         # END SOLUTION store_refusals
         self.seen_ids.add(ep.episode_id)
         self.staleness[current_version - ep.policy_version] += 1
@@ -752,7 +752,7 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
             group["lr"] = sft_lr_at(len(losses), steps, cfg.sft_lr)  # constant, then a cosine to 0 (Part II)
         loss, _ = sft_step(policy, batch, idx)
         opt.zero_grad()
-        loss.backward()  # no gradient clipping (README: clipping at 1.0, as RL does, moved dev success 0 to 0.02)
+        loss.backward()  # not clipped (README: clipped at 1.0 as in RL, dev success came within 0.02 of this)
         opt.step()
         losses.append(loss.item())
     return {"demo_success": float(np.mean([ep.reward for ep in demos])), "sft_loss": float(np.mean(losses[-10:])),

@@ -843,6 +843,11 @@ def test_store_counts_stale_episodes_under_async_and_never_trains_on_them():
     assert store.staleness == {1: 1}
     with pytest.raises(ValueError, match="duplicate"):                # any other refusal still stops training
         store.add_all([make_episode("fresh", version=5)], current_version=5)
+    broken = make_episode("stale-and-broken", version=2)                # stale, and a log-prob short: broken first
+    broken.turns[0].action_logprobs.pop()
+    with pytest.raises(ValueError, match="one log-prob per action token") as refused:
+        store.add_all([broken], current_version=5)
+    assert type(refused.value) is ValueError and store.refused_stale == 1, "a broken episode is never merely stale"
     with pytest.raises(ValueError, match=r"admitted none of the 2 episodes offered to version 5 \(max_staleness=1\): "
                                          r"sample them with a newer policy, or raise --max-staleness"):
         A.learn(None, None, None, TOK, tiny_config(max_staleness=1), store, A.GradMonitor(),  # refused before packing
