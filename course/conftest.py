@@ -177,8 +177,8 @@ def fork_servers():
         sandbox.__exit__(None, None, None)
 
 
-# The twelve slowest sandbox tests (each grades whole submissions in workers, or recomputes an audit's demonstrations:
-# about 65 s together on 2 cores) stay out of the default run; CI runs them: AGENTIC_RL_ALL_TESTS=1 (.ci/run).
+# The fourteen slowest sandbox tests (each grades whole submissions in workers, or recomputes an audit's
+# demonstrations: 100-110 s together on 2 cores) stay out of the default run; CI runs them: AGENTIC_RL_ALL_TESTS=1.
 SLOW_SANDBOX = pytest.mark.skipif(os.environ.get("AGENTIC_RL_ALL_TESTS") != "1",
                                   reason="a slow sandbox test: AGENTIC_RL_ALL_TESTS=1 runs it, as .ci/run does")
 

@@ -68,6 +68,7 @@ def test_edited_tests_patched_checks_endless_loops_and_hard_coding_earn_half_at_
     assert {s for _, s in status["promotion"]} == {"passed"}, "promotion asks the grader for sign_test_p's values"
 
 
+@SLOW_SANDBOX
 def test_a_file_that_does_not_compile_costs_only_its_own_exercises(tmp_path, shared_sandbox):
     out = tmp_path / "handout"
     write_handout(out, only=["kl_k3"])
@@ -345,6 +346,7 @@ while held + ended < 4 and time.monotonic() < deadline:
 raise RuntimeError(f"processes that held 200 MiB each at once: {held}")"""
 
 
+@SLOW_SANDBOX
 def test_promotion_is_answered_sign_test_p_for_its_own_reports_alone(tmp_path, shared_sandbox):
     """A red team's last row: promotion's worker asked the grader for sign_test_p at inputs of its choosing and
     carried the values out in a message, a table that hard-codes sign_test. Only the wins and losses of the two
