@@ -70,6 +70,7 @@ import envs
 #   HostGate's rules, the warm start, evaluate and its card). Second reading: 03's returns, step credit and critic
 #   routes (discounted_returns, step_group_advantages, state_key, step_credit; should_bootstrap, gae, critic_credit),
 #   04's kl_k3 and dpo_loss, 05's TrajectoryStore.add, what was skimmed, and the other routes after train().
+#   A fresh reader's estimate for this plan (README): the first reading 2 h 20, all of Part I 4 h 50.
 # ################################################################################################
 @dataclass
 class Config:

@@ -178,7 +178,7 @@ def fork_servers():
 
 
 # The fourteen slowest sandbox tests (each grades whole submissions in workers, or recomputes an audit's
-# demonstrations: 100-110 s together on 2 cores) stay out of the default run; CI runs them: AGENTIC_RL_ALL_TESTS=1.
+# demonstrations: about 105-120 s together on 2 cores) stay out of the default run; CI runs them: AGENTIC_RL_ALL_TESTS=1.
 SLOW_SANDBOX = pytest.mark.skipif(os.environ.get("AGENTIC_RL_ALL_TESTS") != "1",
                                   reason="a slow sandbox test: AGENTIC_RL_ALL_TESTS=1 runs it, as .ci/run does")
 
