@@ -66,11 +66,10 @@ import envs
 # Read this part first: one training iteration and its verdict, in the chapter's order (01 to 07), then train().
 # First reading, the default run's path (grpo): 01 Turn, Episode, host_step, play_episode (its episode as a plain
 #   loop); 02 pack; 03 group_advantages, group_credit; 04 ppo_clip_loss; 05 learn, collect; 07 promotion_decision;
-#   train(). The helpers these call sit beside them and belong to the reading; skim the rest as you pass (Config,
-#   HostGate's rules, the warm start, evaluate and its card). Second reading: 03's returns, step credit and critic
-#   routes (discounted_returns, step_group_advantages, state_key, step_credit; should_bootstrap, gae, critic_credit),
-#   04's kl_k3 and dpo_loss, 05's TrajectoryStore.add, what was skimmed, and the other routes after train().
-#   A fresh reader's estimate for this plan (README): the first reading 2 h 20, all of Part I 4 h 50.
+#   train(), with the helpers beside them; skim the rest (Config, HostGate's rules, the warm start, evaluate). Second
+#   reading: 03's returns, step credit and critic routes (discounted_returns, step_group_advantages, state_key,
+#   step_credit; should_bootstrap, gae, critic_credit), 04's kl_k3 and dpo_loss, 05's TrajectoryStore.add, what was
+#   skimmed, the routes after train(). A fresh reader's estimate (README): first reading 2 h 20, all of Part I 4 h 50.
 # ################################################################################################
 @dataclass
 class Config:
@@ -310,9 +309,8 @@ def host_step(env, gate: HostGate, action_text: str):
         # turn_budget cut), answered `denied : <rule> N left`
         obs, reward, terminated, truncated, info = raw.refuse(decision.reason, invalid=decision.reason in HOST_RULES)
     truncated = truncated and not terminated  # a TimeLimit may set both on the last step: the end state wins
-    # time_limit: gymnasium's TimeLimit (make_env, Part II) counts executed calls; a denial bypasses it (raw.refuse)
+    # time_limit: TimeLimit (make_env, Part II) counts executed calls, never a denial; on the budget's step: turn_budget
     info["truncated_by"] = "" if not truncated else "turn_budget" if raw.state.turns >= raw.max_turns else "time_limit"
-    # (both on one step: the task's own budget, which ends it whatever the wrapper says)
     return obs, reward, terminated, truncated, info, decision
 
 
@@ -2034,8 +2032,7 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
                             "env_episodes": 0 if start_only else cfg.iterations * cfg.tasks_per_iter * cfg.group_size,
                             "wall_seconds_mean": round(float(np.mean([s for _, _, s, _ in rs])), 1),
                             **{key: int(np.mean([sum(m[key] for m in h) for *_, h in rs]))
-                               for key in ("generated_tokens", "tool_calls", "learner_steps")},
-                            "curves": curves}
+                               for key in ("generated_tokens", "tool_calls", "learner_steps")}, "curves": curves}
     result = {"env": cfg.env, "seeds": list(seeds), "iterations": cfg.iterations, "episodes_per_iteration":
               cfg.tasks_per_iter * cfg.group_size, "eval_episodes": cfg.eval_episodes, "part": "test",
               "routes": per_route, "config": asdict(cfg)}
