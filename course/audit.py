@@ -104,9 +104,12 @@ def rerun_check(where: str, record: dict, settings: dict, bug, seconds: float) -
                 f"({type(e).__name__}): not checked, no points lost; a TA may give --rerun more seconds"}
     read = lambda r: (r["summary"]["warm_start"]["dev_success"], r["summary"]["candidate"]["dev_success"],
                       mean_of(r["metrics"], "success"))
-    differ = [f"{what} {mine:.3f} in the record, {theirs:.3f} trained again here" for what, mine, theirs in
-              zip(("warm start dev success", "candidate dev success", "mean training success"), read(record), read(again))
-              if abs(mine - theirs) > RERUN_TOLERANCE]
+    try:                                                # record_of has checked these numbers: this is a last guard
+        differ = [f"{what} {mine:.3f} in the record, {theirs:.3f} trained again here" for what, mine, theirs in
+                  zip(("warm start dev success", "candidate dev success", "mean training success"), read(record),
+                      read(again)) if not abs(mine - theirs) <= RERUN_TOLERANCE]      # NaN never passes
+    except (KeyError, TypeError, ValueError) as e:
+        differ = [f"its numbers cannot be compared ({type(e).__name__})"]
     exact = [r["summary"]["warm_start"].get("sft_loss") for r in (record, again)] + \
         [[m.get("grad_norm") for m in r["metrics"]] for r in (record, again)]
     same = not differ and exact[0] == exact[1] and exact[2] == exact[3]   # the same machine and thread count alone

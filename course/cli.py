@@ -5,18 +5,19 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
 
 import agentic_rl as A
+from course.audit import AUDIT_SECONDS, RERUN_TOLERANCE
 from course.bundle import gradescope_students, write_autograder
 from course.exercises import EXERCISES, SILENT_BUGS
-from course.audit import AUDIT_SECONDS, RERUN_TOLERANCE
-from course.grading import SUBMISSION_FILES, grade
-from course.report import grader_failed, gradescope_results, print_grade
+from course.grading import SUBMISSION_FILES, grade, printable
 from course.handouts import write_handout
 from course.ids import SECRET_ENV
+from course.report import grader_failed, gradescope_results, print_grade
 from course.sandbox import IsolationMissing, missing_isolation
 from course.similarity import side_by_side, similarity
 
@@ -114,8 +115,13 @@ def main(argv):
         for name, folder in graded.items():
             students = gradescope_students(args.metadata) if args.metadata else \
                 [args.student] if args.student else [name] if len(graded) > 1 else []
-            reports[name] = grade(folder, only, args.time_limit, args.silent_bug, secret, rerun_seconds=args.rerun,
-                                  students=students, require_isolation=args.require_isolation)
+            try:
+                reports[name] = grade(folder, only, args.time_limit, args.silent_bug, secret, rerun_seconds=args.rerun,
+                                      students=students, require_isolation=args.require_isolation)
+            except Exception as e:               # in a class, one grading's failure is that student's alone
+                if len(graded) == 1 or isinstance(e, (ValueError, IsolationMissing)):
+                    raise
+                reports[name] = {"~failed": printable(repr(e))}
     except IsolationMissing as e:                # refused before any of the student's code ran
         if args.json and len(args.dirs) == 1:
             failed = json.dumps(grader_failed("the grading machine lacks part of its sandbox", time.time() - t))
@@ -145,34 +151,48 @@ def submissions(dirs: list) -> dict:
 
 def report_class(reports: dict, json_path, html_path, seconds: float) -> bool:
     """Compare every pair of a class's submissions, then print each report (the staff's lines first) and write
-    results.json and the similarity page; a class run ends with one line per degraded or flagged submission.
-    Returns whether every check of every submission passed."""
-    for a, b in itertools.permutations(reports, 2):
-        reports[a]["~similarity"][b] = similarity(reports[a]["~own"], reports[b]["~own"])
+    results.json and the similarity page; a class run ends with one line per degraded, flagged or failed
+    submission. A folder's name is shown escaped (it is the student's to choose). Returns whether every check of
+    every submission passed."""
+    graded = [name for name, report in reports.items() if "~failed" not in report]
+    for a, b in itertools.permutations(graded, 2):
+        reports[a]["~similarity"][shown(b)] = similarity(reports[a]["~own"], reports[b]["~own"])
     passed, tail = True, []
     if json_path and len(reports) > 1:
         Path(json_path).mkdir(parents=True, exist_ok=True)
     for name, report in reports.items():     # every process the submissions started is gone by now
         if len(reports) > 1:
-            print(f"\n=== {name} ===")
-        passed &= print_grade(report)
+            print(f"\n=== {shown(name)} ===")
+        failed = report.get("~failed")
+        if failed:
+            print(f"the grader failed on this submission, not the student: {failed}")
+        passed &= not failed and print_grade(report)
         if json_path:
-            path = Path(json_path) / f"{name}.json" if len(reports) > 1 else Path(json_path)
-            results = json.dumps(gradescope_results(report, seconds / len(reports)), indent=2).encode()
+            path = Path(json_path) / (re.sub(r"[^\w@.+-]", "_", name) + ".json") if len(reports) > 1 else Path(json_path)
+            results = json.dumps(grader_failed(failed, seconds / len(reports)) if failed else
+                                 gradescope_results(report, seconds / len(reports)), indent=2).encode()
             A.atomic_write(path, lambda f: f.write(results))
+        if failed:
+            tail.append(f"GRADER FAILED {shown(name)}: {failed}")
+            continue
         missing = missing_isolation(report["~sandbox"])
-        tail += [f"DEGRADED {name}: its code ran without {', '.join(missing)}"] * bool(missing)
-        tail += [f"FLAGGED {name}: {sim['share']:.2f} of its own code is {against}'s" for against, sim in
+        tail += [f"DEGRADED {shown(name)}: its code ran without {', '.join(missing)}"] * bool(missing)
+        tail += [f"FLAGGED {shown(name)}: {sim['share']:.2f} of its own code is {against}'s" for against, sim in
                  report["~similarity"].items() if sim["flagged"]]
     if html_path:
-        rows = [{"name": name, "against": against, **row, "exercise": ex} for name, report in reports.items()
-                for against, sim in report["~similarity"].items() if sim["flagged"] or len(reports) == 1
+        rows = [{"name": shown(name), "against": against, **row, "exercise": ex} for name in graded
+                for against, sim in reports[name]["~similarity"].items() if sim["flagged"] or len(reports) == 1
                 for ex, row in sim["exercises"].items() if row["fingerprints"]]
         page = side_by_side(f"code similarity: {len(reports)} submission{'s' * (len(reports) > 1)}", rows)
         A.atomic_write(html_path, lambda f: f.write(page.encode()))
         tail.append(f"wrote {html_path} (the matching code side by side)")
     if len(reports) > 1:
-        print("\n" + "\n".join(tail or ["no submission degraded or flagged"]))
+        print("\n" + "\n".join(tail or ["no submission degraded, flagged or failed"]))
     elif tail[-1:] and tail[-1].startswith("wrote"):
         print(tail[-1])
     return passed
+
+
+def shown(name: str) -> str:
+    """A folder's name as the TA's terminal shows it: control characters and line breaks escaped."""
+    return printable(name).replace("\n", "\\n").replace("\t", "\\t")

@@ -58,9 +58,10 @@ EXERCISES = {  # id -> (points, the stub's message: what to write, the formula, 
 
 EXERCISE_FILE = {ex: "envs.py" if ex == "permission_rule" else "agentic_rl.py" for ex in EXERCISES}
 CALLBACKS = {"promotion": ["sign_test_p"]}   # another exercise's piece that this one calls: the grader answers
-EXPERIMENTS = {"silent_bug": 20, "clock": 16}  # points of the open exercises graded from answers.json's records
-READ_BY_A_PERSON = {"clock": ("why", 4)}  # prose and its points: a TA grades it (Gradescope: a manual question); no
-                                          # keyword test stands in for reading it
+EXPERIMENTS = {"silent_bug": 16, "clock": 16}  # points of the open exercises graded from answers.json's records
+READ_BY_A_PERSON = {"silent_bug": (("silent_bug",), 4), "clock": (("clock", "why"), 4)}  # prose (E8's account of the bug,
+                                          # E3's why: where it is in answers.json) and its points: a TA grades it
+                                          # (Gradescope: a manual question); no keyword test stands in for reading it
 SILENT_BUGS = {  # id -> (what a reader would call it, the function, the line as written, as planted, its signature)
     "loss_on_observations": ("the policy loss also covers observation and prompt tokens", "ppo_step_loss",
                              "ppo_clip_loss(logprobs, old_logprobs, adv, mask, cfg.clip_eps)",

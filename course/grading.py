@@ -222,7 +222,7 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
     if secret and experiments and answers and isinstance(answers.get("handout"), str) and not students:
         raise ValueError("answers.json carries a handout id, which is bound to a student: say whose submission this "
                          "is (grade --student NAME, or --metadata with Gradescope's submission_metadata.json)")
-    HIDDEN["seed"] = hidden_seed_of(secret)
+    HIDDEN["seed"] = hidden_seed_of(secret, students)
     key = answer_key(answers, secret, students, silent_bug) if answers else None
     report = {}
     with Sandbox(user, memory) as sandbox:
@@ -242,13 +242,16 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
                 status, message = ("not started", answers_problem) if answers is None else run_check(check, answers, key)
                 report[ex]["checks"].append({"name": name, "hidden": hidden, "status": status, "message": message})
         if ex in READ_BY_A_PERSON:           # its prose, for a person to read: pending, whatever words it uses
-            field, points = READ_BY_A_PERSON[ex]
-            said = (answers or {}).get(ex) if isinstance((answers or {}).get(ex), dict) else {}
-            report[ex]["pending"] = {"field": f"{ex}.{field}", "points": points,
-                                     "answer": printable(str(said.get(field) or "(empty)"))}
+            path, points = READ_BY_A_PERSON[ex]
+            said = answers or {}
+            for part in path:
+                said = said.get(part) if isinstance(said, dict) else None
+            report[ex]["pending"] = {"field": ".".join(path), "points": points,
+                                     "answer": printable(str(said or "(empty)"))[:4000]}
     if rerun_seconds:
         audit(report, answers, key, rerun_seconds)
     report["~sandbox"] = f"{sandbox.note}, {getattr(sandbox, 'isolation', 'no worker started')}"
-    report["~own"] = own_code({name: submission[name][0] for name in ("agentic_rl.py", "envs.py")}, graded)
+    report["~own"] = own_code({name: None if problems.get(name) else submission[name][0]   # never parsed here if
+                               for name in ("agentic_rl.py", "envs.py")}, graded)        # it did not compile there
     report["~similarity"] = {"the public reference": similarity(report["~own"], reference_code(graded))}
     return report

@@ -150,7 +150,8 @@ def write_handout(out, only=None, silent_bug=None, hidden_seed=None, student=Non
     return blanked
 
 
-def handout_text(name: str) -> str:
+def handout_text(name: str, only=None) -> str:
     """A file as every handout has it (blanks only, nothing of a solution): what a worker imports in
-    place of a student file that does not compile, so that one file's syntax error costs only its own."""
-    return blank_solutions((course.REPO / name).read_text(), None, name)[0]
+    place of a student file that does not compile, so that one file's syntax error costs only its own;
+    with `only`, as a handout of those exercises has it (the similarity report's base)."""
+    return blank_solutions((course.REPO / name).read_text(), only, name)[0]

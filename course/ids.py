@@ -93,8 +93,12 @@ def answer_key(answers: dict, secret, students, silent_bug) -> dict:
     return {"seeds": experiment_seeds(secret, handout.partition("-")[0], student), "silent_bug": bug or None, "why": ""}
 
 
-def hidden_seed_of(secret) -> int:
-    return int(hashlib.sha256(str(secret).encode()).hexdigest()[:15], 16) if secret else 0
+def hidden_seed_of(secret, students=()) -> int:
+    """The hidden checks' inputs as a number, drawn from the course's secret and whose submission it is: each
+    student (or Gradescope group) gets inputs of their own, so a hidden check's message, shown after publishing,
+    answers no classmate's; 0 without a secret (the public default)."""
+    key = "\n".join([str(secret), *sorted(student_name(s) for s in students)])
+    return int(hashlib.sha256(key.encode()).hexdigest()[:15], 16) if secret else 0
 
 
 def installation_file(name: str):

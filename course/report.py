@@ -89,7 +89,9 @@ def similarity_lines(report: dict) -> list:
     where a TA should read, never a score."""
     return [f"similarity to {against}: {sim['share']:.2f} of {sim['fingerprints']} fingerprints of its own code"
             f"{' FLAGGED: a TA should read both side by side' if sim['flagged'] else ''} (" +
-            ", ".join(f"{ex} {r['share']:.2f}" for ex, r in sim["exercises"].items() if r["fingerprints"]) + ")"
+            ", ".join(f"{ex} {r['share']:.2f}" for ex, r in sim["exercises"].items() if r["fingerprints"]) + ")" +
+            (f"; not found, so defined some other way (read it): {', '.join(sim['missing'])}" if sim["missing"] else "") +
+            (f"; helpers holding that code: {', '.join(sim['helpers'])}" if sim["helpers"] else "")
             for against, sim in report.get("~similarity", {}).items() if sim["fingerprints"]]
 
 

@@ -5,12 +5,12 @@ another, so renaming variables or reformatting hides nothing; each run of K toke
 consecutive hashes the smallest is kept: any run of K + WINDOW - 1 tokens that two texts share leaves at least one
 fingerprint in both. What the handout gives (the signature, the docstring, the checks before the blank) is left
 out of both sides, as MOSS leaves out a base file. It changes no score: it says where a TA should read."""
+import ast
 import functools
 import hashlib
 import html
 import io
 import keyword
-import textwrap
 import tokenize
 
 import course
@@ -85,23 +85,68 @@ def solution_functions() -> dict:
     return found
 
 
-def function_text(text: str, qualname: str) -> str:
-    """That function's source in a file's text, dedented; '' where the file does not parse or has no such function."""
+@functools.lru_cache(maxsize=32)
+def normalized_module(text: str) -> tuple:
+    """(qualname -> each function's source, the whole module's source), as ast.unparse writes them: brackets,
+    layout and comments normalized away, and statements that do nothing dropped (a constant alone, pass, a
+    constant put in a name nothing reads: the filler that would break a copy's runs). Every function counts, those inside an if, try, with or loop block at
+    module or class level too (a definition there is as callable as any); the last of a name wins, as at run
+    time. Parsed once per text: a file that took its worker long to compile is never parsed again per exercise.
+    ({}, '') for a text that does not parse."""
     try:
-        first, last = function_spans(text)[qualname]
-    except (SyntaxError, ValueError, KeyError, RecursionError):
-        return ""
-    return textwrap.dedent("".join(text.splitlines(keepends=True)[first - 1:last]))
+        tree = ast.parse(text)
+        loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        for node in ast.walk(tree):                  # statements that do nothing: a constant alone, pass, a constant
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For,
+                                 ast.While, ast.With, ast.Try, ast.ExceptHandler)):   # put in a name nothing reads
+                for part in ("body", "orelse", "finalbody"):
+                    body = getattr(node, part, None)
+                    if body:
+                        kept = [b for b in body if not (isinstance(b, ast.Pass) or isinstance(b, ast.Expr) and
+                                isinstance(b.value, ast.Constant) or isinstance(b, ast.Assign) and
+                                isinstance(b.value, ast.Constant) and all(isinstance(t, ast.Name) and t.id not in
+                                                                          loaded for t in b.targets))]
+                        setattr(node, part, kept or [ast.Pass()])
+        found = {}
+
+        def visit(body, prefix):
+            for node in body:
+                if isinstance(node, ast.ClassDef):
+                    visit(node.body, prefix + node.name + ".")
+                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found[prefix + node.name] = ast.unparse(node) + "\n"
+                else:                          # blocks: if/else, try/except/finally, with, for, while
+                    for part in ("body", "orelse", "finalbody", "handlers"):
+                        visit(getattr(node, part, []), prefix)
+        visit(tree.body, "")
+        return found, ast.unparse(tree) + "\n"
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}, ""
+
+
+def function_text(text: str, qualname: str) -> str:
+    """That function's source in a file's text, normalized (normalized_module); '' where there is none."""
+    return normalized_module(text)[0].get(qualname, "")
 
 
 def own_code(files: dict, exercises) -> dict:
-    """exercise -> (its function's text, the fingerprints of what its author wrote there), from files (name -> text,
-    or None): the handout's blank version of the function is the base left out."""
-    out = {}
+    """exercise -> (its function's text, the fingerprints of what its author wrote there), "~file NAME" -> the same
+    for each whole file, and "~def NAME QUALNAME" for every other function its author wrote or changed, from files (name -> text, or None for one that did not
+    compile in its worker: never parsed here): the handout's version of each is the base left out (the handout of
+    these exercises: the reference's other solutions were given to the student)."""
+    out, blanked = {}, tuple(sorted(exercises))
     for ex in exercises:
         name, qualname = solution_functions()[ex]
         text = function_text(files.get(name) or "", qualname)
-        out[ex] = (text, own_fingerprints(text, function_text(handout_text(name), qualname)))
+        out[ex] = (text, own_fingerprints(text, function_text(handout_text(name, blanked), qualname)))
+    graded = {solution_functions()[ex][1] for ex in exercises}
+    for name in dict.fromkeys(solution_functions()[ex][0] for ex in exercises):
+        functions, whole = normalized_module(files.get(name) or "")
+        given_functions, given = normalized_module(handout_text(name, blanked))
+        out[f"~file {name}"] = (whole, own_fingerprints(whole, given))
+        for qualname, text in functions.items():     # every other function its author wrote or changed: a helper
+            if qualname not in graded and text != given_functions.get(qualname):
+                out[f"~def {name} {qualname}"] = (text, own_fingerprints(text, given))
     return out
 
 
@@ -111,14 +156,22 @@ def reference_code(exercises) -> dict:
 
 
 def similarity(mine: dict, theirs: dict) -> dict:
-    """How much of one submission's own code (own_code) is in another's (or the reference's): per exercise, and the
-    share of all its fingerprints; flagged at FLAG or more of the whole, or FLAG_EXERCISE of one judged exercise."""
+    """How much of one submission's own code (own_code) is in another's (or the reference's): the share of its whole
+    files' own fingerprints (helpers included), and per exercise. Flagged at FLAG or more of the whole, at
+    FLAG_EXERCISE of one judged exercise or one helper, or where a graded function cannot be found (defined some
+    other way)."""
     rows = {ex: {**compare(mine[ex][1], theirs[ex][1]), "mine": mine[ex][0], "theirs": theirs[ex][0]}
-            for ex in mine if ex in theirs}
-    total = sum(r["fingerprints"] for r in rows.values())
-    share = sum(r["shared"] for r in rows.values()) / total if total else 0.0
-    return {"share": round(share, 3), "fingerprints": total, "exercises": rows,
-            "flagged": (total >= SHORTEST and share >= FLAG) or any(r["flagged"] for r in rows.values())}
+            for ex in mine if ex in theirs and not ex.startswith("~")}
+    files = [compare(mine[f][1], theirs[f][1]) for f in mine if f.startswith("~") and f in theirs]
+    total = sum(r["fingerprints"] for r in files)
+    share = sum(r["shared"] for r in files) / total if total else 0.0
+    missing = [ex for ex, r in rows.items() if not r["mine"] and r["theirs"]]
+    helpers = {key.split()[-1]: compare(mine[key][1], theirs[f"~file {key.split()[1]}"][1]) for key in mine
+               if key.startswith("~def") and f"~file {key.split()[1]}" in theirs}
+    copied = [name for name, r in helpers.items() if r["flagged"]]   # a helper that holds another's solution
+    return {"share": round(share, 3), "fingerprints": total, "exercises": rows, "missing": missing, "helpers": copied,
+            "flagged": (total >= SHORTEST and share >= FLAG) or any(r["flagged"] for r in rows.values()) or
+            bool(missing) or bool(copied)}
 
 
 def compare(mine: dict, theirs: dict) -> dict:

@@ -16,6 +16,8 @@ import pytest
 import agentic_rl as A
 import course
 import course.audit
+import course.cli
+from course import grading
 from course.bundle import installation_files, write_autograder
 from course.checks import EXPERIMENT_CHECKS, HIDDEN, HIDDEN_CHECKS, hidden_rng
 from course.cli import main as course_main
@@ -29,7 +31,7 @@ from course.report import (NOT_CHECKED, SUSPICIOUS, audited, exercises, gradesco
 from course.handouts import HANDOUT_FILES, answers_template, plant, solution_regions, write_handout
 from course.ids import MAKE_A_SECRET, SECRET_ENV, answer_key, hidden_seed_of, issued_to, new_handout
 from course.lesson import CLOCK_SETTINGS, README_SEEDS, run_record
-from course.similarity import FLAG, SHORTEST, function_text, own_code, reference_code, similarity, solution_functions
+from course.similarity import FLAG, SHORTEST, own_code, reference_code, similarity
 
 
 
@@ -125,9 +127,10 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
     assert scores["reference"]["score"] == pytest.approx(total) and scores["handout"]["score"] == 0
     for name, results in scores.items():                             # Gradescope's results.json format
         assert set(results) >= {"score", "execution_time", "output", "visibility", "stdout_visibility", "tests"}
-        *graded, read, staff = results["tests"]      # then the prose a person reads, and the staff's, never a student's
+        *graded, read_e8, read_e3, staff = results["tests"]   # then the prose a person reads, and the staff's
         assert len(graded) == 2 * (len(EXERCISES) + len(EXPERIMENTS)) and staff["visibility"] == "hidden"
-        assert read["name"] == "clock: clock.why (read by the course staff)" and read["max_score"] == 0
+        assert read_e3["name"] == "clock: clock.why (read by the course staff)" and read_e3["max_score"] == 0
+        assert read_e8["name"] == "silent_bug: silent_bug (read by the course staff)" and read_e8["max_score"] == 0
         assert staff["max_score"] == 0 and "sandbox: " in staff["output"] and "sandbox" not in results["output"]
         assert ("similarity to the public reference: 1.00" in staff["output"]) == (name == "reference"), staff
         for t in graded:
@@ -149,14 +152,17 @@ def test_the_hidden_checks_pass_on_the_reference(exercise, name, check_fn, hidde
     check_fn(A)                      # the public default's inputs here; a course's secret draws others when grading
 
 
-def test_hidden_inputs_come_from_the_course_secret():
+def test_hidden_inputs_come_from_the_course_secret_and_the_student():
+    """A red team's row: a hidden check's message, shown after publishing, carried inputs and expected values that
+    were the same for every student; now each course's secret and each student draw inputs of their own."""
     draws = {}
-    for secret in ("", "one", "two"):
-        HIDDEN["seed"] = hidden_seed_of(secret)
-        draws[secret] = hidden_rng(41).integers(0, 10**9, size=4).tolist()
+    for secret, students in (("", ()), ("one", ()), ("two", ()), ("one", ["Ana@uni.example"]), ("one", ["bob"])):
+        HIDDEN["seed"] = hidden_seed_of(secret, students)
+        draws[secret, tuple(students)] = hidden_rng(41).integers(0, 10**9, size=4).tolist()
     HIDDEN["seed"] = 0
-    assert len({tuple(d) for d in draws.values()}) == 3, "each course's secret draws its own hidden inputs"
-    assert hidden_seed_of("") == 0 and hidden_seed_of(None) == 0
+    assert len({tuple(d) for d in draws.values()}) == 5, "each course's secret and each student draw their own"
+    assert hidden_seed_of("") == 0 and hidden_seed_of(None, ["ana"]) == 0
+    assert hidden_seed_of("one", [" ana@UNI.example"]) == hidden_seed_of("one", ["ana@uni.example"])
 
 
 def settings_of(record) -> dict:
@@ -259,7 +265,7 @@ def test_made_up_records_score_zero_under_the_default_audit_and_a_copied_one_is_
     graded = lambda answers, name, seconds: exercises(grade(answers_folder(tmp_path, answers, name),
                                                             only=["clock", "silent_bug"], hidden_seed=SECRET,
                                                             students=["ana@uni.example"], rerun_seconds=seconds))
-    assert [score(row)[0] for row in graded(made, "no-audit", 0).values()] == [20, 16], "no audit: full marks"
+    assert [score(row)[0] for row in graded(made, "no-audit", 0).values()] == [16, 16], "no audit: full marks"
     for ex, row in graded(made, "audited", AUDIT_SECONDS).items():
         assert score(row) == (0, EXPERIMENTS[ex]) and "did not reproduce" in audited(row), (ex, audited(row))
         assert "did not come from a run with its settings" in json.dumps(row["checks"])
@@ -349,6 +355,28 @@ def test_an_explanation_is_read_by_a_person_and_never_scored_by_its_words(tmp_pa
                                      "answer": answers["clock"]["why"] or "(empty)"}
 
 
+def test_a_class_run_outlives_one_failed_grading_and_shows_folder_names_escaped(tmp_path, capsys, monkeypatch,
+                                                                                shared_sandbox):
+    """A red team's rows: one submission that crashed the grader lost the whole class's results, and a folder's
+    name, which a student may choose, printed raw (a cleared screen, a forged total)."""
+    forged = "mallory\x1b[2J\ntotal 136 of 136: every check passed"
+    (tmp_path / "class").mkdir()
+    for name in ("broken", forged):
+        answers_folder(tmp_path / "class", reference_answers(), name)
+
+    def grade_or_fail(folder, *args, **kwargs):             # the grader itself fails on one submission
+        if Path(folder).name == "broken":
+            raise RuntimeError("boom")
+        return grading.grade(folder, *args, **kwargs)
+    monkeypatch.setattr(course.cli, "grade", grade_or_fail)
+    code, printed = course_here(capsys, "grade", tmp_path / "class", "--only", "clock", "--json", tmp_path / "out",
+                                "--rerun", "0")
+    assert code == 1 and "GRADER FAILED broken: RuntimeError('boom')" in printed and "\x1b" not in printed
+    assert "=== mallory\\x1b[2J\\ntotal 136 of 136" in printed and "\ntotal 136 of 136" not in printed, printed
+    failed = json.loads((tmp_path / "out" / "broken.json").read_text())
+    assert "The grader failed, not your submission" in failed["output"] and len(list((tmp_path / "out").iterdir())) == 2
+
+
 def test_experiments_are_graded_on_the_runs_own_records():
     key = {"silent_bug": "ratio_always_one", "seeds": README_SEEDS, "why": ""}
     run = lambda answers, key=key: {name: run_check(fn, answers, key) for _, name, fn, _ in EXPERIMENT_CHECKS}
@@ -368,6 +396,10 @@ def test_experiments_are_graded_on_the_runs_own_records():
              "eval_every"),                                 # not a grader error in the audit: refused here, by name
             (lambda a: a["silent_bug_fixed_runs"][4]["summary"]["config"].update(eval_every=1), records[1],
              "eval_every"),                                 # legal, and a rerun would evaluate every iteration
+            (lambda a: a["clock"]["runs"]["value_zero"][0]["metrics"][3].update(success=float("inf")), records[0],
+             "finite numbers only"),                        # a red team's: a NaN mean passed every tolerance
+            (lambda a: [m.pop("success") for m in a["clock"]["runs"]["value_zero"][1]["metrics"]], records[0],
+             "success in [0, 1]"),                          # a red team's: it crashed the audit
             (lambda a: a["silent_bug_runs"][1]["summary"]["candidate"].update(dev_success="1.0"), records[1],
              "dev_success"),
             (lambda a: a.update(silent_bug_evidence="clip_frac and approx_kl stay where they should not be in every "
@@ -468,51 +500,75 @@ with torch.no_grad():
 return loss, {"clip_frac": float(clip_frac), "approx_kl": float(approx_kl)}"""}}
 
 
-def renamed(source: str) -> str:
-    """Every name a function assigns renamed (what a copier does first; its arguments are the API), by tokens."""
+def solution(ex: str) -> list:
+    """The reference's lines for an exercise, between its markers, dedented: what a copier pastes."""
+    lines = (course.REPO / "agentic_rl.py").read_text().splitlines()
+    first, last = (next(i for i, line in enumerate(lines) if line.strip() == f"# {end} SOLUTION {ex}")
+                   for end in ("BEGIN", "END"))
+    return textwrap.dedent("\n".join(lines[first + 1:last])).splitlines()
+
+
+def disguised(lines: list) -> list:
+    """A copier's disguise, by tokens: every name the code assigns renamed, every other name in brackets, and a
+    statement that does nothing after each line that ends one."""
     import ast
     import io
+    import keyword
     import tokenize
-    tree = ast.parse(textwrap.dedent(source))
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    new, out, before = {name: f"v{i}" for i, name in enumerate(sorted(names))}, [], None
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        out.append(tok._replace(string=new[tok.string]) if tok.type == tokenize.NAME and tok.string in new and
-                   not (before and before.string == ".") else tok)
-        before = tok
-    return tokenize.untokenize(out)
+    source = "\n".join(lines) + "\n"
+    assigned = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    tokens, out = list(tokenize.generate_tokens(io.StringIO(source).readline)), []
+    for i, tok in enumerate(tokens):
+        before, after = tokens[i - 1].string if i else "", tokens[i + 1].string if i + 1 < len(tokens) else ""
+        name = tok.type == tokenize.NAME and not keyword.iskeyword(tok.string) and before != "."
+        if name and tok.string in assigned:
+            out.append((tokenize.NAME, f"v{sorted(assigned).index(tok.string)}"))
+        elif name and after != "=":
+            out += [(tokenize.OP, "("), (tokenize.NAME, tok.string), (tokenize.OP, ")")]
+        else:
+            out.append((tok.type, tok.string))
+    padded = []
+    for line in tokenize.untokenize(out).splitlines():
+        padded.append(line)
+        if line.strip() and not line.rstrip().endswith((":", ",", "(")) and not line.strip().startswith(("return", "raise")):
+            padded.append(line[:len(line) - len(line.lstrip())] + "_ = None")
+    return padded
 
 
 @SLOW_SANDBOX
 def test_a_copy_of_the_reference_is_flagged_and_solutions_written_fresh_are_not(tmp_path, shared_sandbox, capsys):
     """The reference is public, so a copy of it scores every code point: grade says so to the staff alone. The
-    reference's four solutions copied, renamed and reformatted: flagged; two students' fresh ones: not, against the
-    reference or each other (README: five fresh students, the shares measured)."""
+    reference's four solutions copied (disguised by renaming, brackets and do-nothing statements; nested in an `if
+    True:`; moved into helpers the graded functions call): flagged; two students' fresh ones: not, against the
+    reference or each other (README: five fresh students and the red team's copies, the shares measured)."""
     four, reference = ["returns", "gae", "grpo", "ppo_clip"], reference_code(["returns", "gae", "grpo", "ppo_clip"])
-    text = (course.REPO / "agentic_rl.py").read_text()
-    copied = text
-    for ex in four:
-        body = function_text(text, solution_functions()[ex][1])
-        copied = copied.replace(body, "\n\n".join(renamed(body).splitlines()) + "\n")    # renamed, spread out
-    assert similarity(own_code({"agentic_rl.py": copied}, four), reference)["flagged"]
-    fresh = {}
-    for student, code in FRESH.items():
+    arguments = {"returns": "r, gamma", "gae": "r, v, last_value, bootstrap, gamma, lam", "grpo": "r, std, eps",
+                 "ppo_clip": "logprobs, old_logprobs, advantages, mask, clip_eps, n"}
+    copies = {"disguised": ({ex: disguised(solution(ex)) for ex in four}, ""),
+              "nested": ({ex: ["if True:"] + ["    " + line for line in solution(ex)] for ex in four}, ""),
+              "helpers": ({ex: [f"return _{ex}({arguments[ex]})"] for ex in four},
+                          "".join(f"\n\ndef _{ex}({arguments[ex]}):\n" + "".join(f"    {line}\n" for line in solution(ex))
+                                  for ex in four))}
+    for student, (code, helpers) in [*copies.items(), *((name, (code, "")) for name, code in FRESH.items())]:
         write_handout(tmp_path / student, only=four)
         for ex in four:
-            fill(tmp_path / student / "agentic_rl.py", ex, code[ex].splitlines())
-        fresh[student] = own_code({"agentic_rl.py": (tmp_path / student / "agentic_rl.py").read_text()}, four)
-        sim = similarity(fresh[student], reference)
+            fill(tmp_path / student / "agentic_rl.py", ex, code[ex] if isinstance(code[ex], list) else code[ex].splitlines())
+        with open(tmp_path / student / "agentic_rl.py", "a") as f:
+            f.write(helpers)
+    own = {student: own_code({"agentic_rl.py": (tmp_path / student / "agentic_rl.py").read_text()}, four)
+           for student in [*copies, *FRESH]}
+    for student in copies:
+        assert similarity(own[student], reference)["flagged"], student
+    for student in FRESH:
+        sim = similarity(own[student], reference)
         assert not sim["flagged"] and sim["share"] < FLAG and sim["fingerprints"] >= SHORTEST, (student, sim)
-    assert not similarity(fresh["terse"], fresh["textbook"])["flagged"]
-    (tmp_path / "copy").mkdir()
-    (tmp_path / "copy" / "agentic_rl.py").write_text(copied)
-    shutil.copy(course.REPO / "envs.py", tmp_path / "copy" / "envs.py")
-    code, printed = course_here(capsys, "grade", tmp_path / "copy", tmp_path / "terse", "--only", ",".join(four),
+    assert not similarity(own["terse"], own["textbook"])["flagged"]
+    code, printed = course_here(capsys, "grade", tmp_path / "disguised", tmp_path / "terse", "--only", ",".join(four),
                                 "--json", tmp_path / "results", "--html", tmp_path / "similarity.html", "--rerun", "0")
-    staff = json.loads((tmp_path / "results" / "copy.json").read_text())["tests"][-1]
+    staff = json.loads((tmp_path / "results" / "disguised.json").read_text())["tests"][-1]
     assert staff["visibility"] == "hidden" and "similarity to the public reference: 1.00" in staff["output"]
-    assert "FLAGGED copy: 1.00 of its own code is the public reference's" in printed, printed
-    assert "FLAGGED terse" not in printed and "similarity to copy" in printed     # every pair compared
+    assert "FLAGGED disguised: 1.00 of its own code is the public reference's" in printed, printed
+    assert "FLAGGED terse" not in printed and "similarity to disguised" in printed     # every pair compared
     page = (tmp_path / "similarity.html").read_text()
-    assert page.count("<h2>") == 4 and "copy, ppo_clip, against the public reference: 100%" in page
+    assert page.count("<h2>") == 4 and "disguised, ppo_clip, against the public reference: 100%" in page
     assert "<script" not in page and "class=\"hit\"" in page
