@@ -220,6 +220,7 @@ def trained_again(answers, bug, dev=None):
     return rerun
 
 
+@SLOW_SANDBOX
 def test_the_audit_reruns_e3_and_e8_and_a_rerun_it_cannot_finish_costs_nothing(tmp_path, monkeypatch, shared_sandbox):
     answers = reference_answers()
     submission, experiments = answers_folder(tmp_path, answers), dict(only=["clock", "silent_bug"],
@@ -355,6 +356,7 @@ def test_an_explanation_is_read_by_a_person_and_never_scored_by_its_words(tmp_pa
                                      "answer": answers["clock"]["why"] or "(empty)"}
 
 
+@SLOW_SANDBOX
 def test_a_class_run_outlives_one_failed_grading_and_shows_folder_names_escaped(tmp_path, capsys, monkeypatch,
                                                                                 shared_sandbox):
     """A red team's rows: one submission that crashed the grader lost the whole class's results, and a folder's
