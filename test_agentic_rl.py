@@ -1346,6 +1346,17 @@ def kl_k3_is_nonnegative_and_unbiased_for_kl(m):
          "sum_x pi(x) k3(x) with pi = [0.5, 0.5], ref = [0.9, 0.1]: KL(pi || ref) (1.266952 would be reversed)", tol=1e-5)
 
 
+def store_refuses_each(m, changes: dict):
+    """Each change (a name -> what it does to a good episode) makes one the store refuses with a plain ValueError."""
+    for name, change in changes.items():
+        ep = make_episode("bad", version=1)
+        change(ep)
+        e = refusal(lambda: m.TrajectoryStore(1, len(TOK)).add(ep, 1))
+        assert isinstance(e, ValueError) and type(e).__name__ == "ValueError", \
+            f"TrajectoryStore(1, vocab_size={len(TOK)}).add(an episode with {name}, current_version=1)\n  expected " \
+            f"ValueError\n  obtained {type(e).__name__ if e else 'nothing raised: admitted'}"
+
+
 STORE_BAD = {  # a name -> a change that the store must refuse with a plain ValueError
     "missing env_version": lambda ep: setattr(ep, "env_version", None),
     "empty episode_id": lambda ep: setattr(ep, "episode_id", ""),
@@ -1367,13 +1378,7 @@ def store_accepts_a_good_episode_and_refuses_each_bad_one_as_a_plain_value_error
     store = m.TrajectoryStore(1, len(TOK))
     store.add(make_episode("ok", version=1), 1)
     same([ep.episode_id for ep in store.take()], ["ok"], "a good episode is admitted, then taken")
-    for name, change in STORE_BAD.items():
-        ep = make_episode("bad", version=1)
-        change(ep)
-        e = refusal(lambda: m.TrajectoryStore(1, len(TOK)).add(ep, 1))
-        assert isinstance(e, ValueError) and type(e).__name__ == "ValueError", \
-            f"TrajectoryStore(1, vocab_size).add(an episode with {name}, current_version=1)\n  expected " \
-            f"ValueError\n  obtained {type(e).__name__ if e else 'nothing raised: admitted'}"
+    store_refuses_each(m, STORE_BAD)
 
 
 @check("store_refusals")
