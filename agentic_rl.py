@@ -1,9 +1,10 @@
-"""agentic-rl: Agentic Reinforcement Learning in one readable file.
+"""agentic-rl: Agentic Reinforcement Learning in one file, whose first part, the loop, reads on its own.
 
 00 · Scope
 ----------
 A tiny GPT policy acts in multi-turn, partially observable text environments (envs.py: flight booking by
-default, code repair and a vault; `--legs 3` makes a flight task a three-leg trip, the long task). Each turn it
+default, code repair and a vault; `--legs 3` makes a flight task a three-leg trip, the long task; or your own,
+`--env MODULE:CLASS`: a subclass of envs.TextToolEnv, whose docstring is the environment contract). Each turn it
 writes a tool call as tokens; a host gate outside the model validates and authorizes it; the environment executes
 it and answers with an observation that ends with the turns left (unless an experiment hides them), until the
 episode is terminated (an end state) or truncated (a cut, named in the record). Training turns whole trajectories
@@ -17,11 +18,13 @@ The file is a reader's path in three parts:
     Part I   · the loop     01 contracts and one episode, 02 masks, 03 credit, 04 objectives, 05 store and learner,
                             07 evaluation and release gates, then train() (06, paper cases, is in the README); after
                             it, the other routes (rs_sft, dpo) and the per-call view: readable on its own
-    Part II  · the system   checks, the batched rollout, devices, torchrun and the async actor, the transformer,
-                            checkpoints, run directories, resume, monitors
-    Part III · the tools    examples, show, play, compare, bench, pictures (report.html), the CLI (the course: course/)
+    Part II  · the system   checks, environments by id or MODULE:CLASS and their contract checked, the batched
+                            rollout, devices, torchrun and the async actor, the transformer, checkpoints, run
+                            directories, resume, monitors
+    Part III · the tools    examples, show, play, check-env, new-env, compare, bench, pictures (report.html), the CLI
+                            (the course: course/)
 
-"The chapter" is the course chapter on agentic RL that this file follows section by section; E1..E10 are the
+"The chapter" is the course chapter on agentic RL that this file follows section by section; E1..E11 are the
 README's exercises; `# BEGIN SOLUTION` .. `# END SOLUTION` mark what a student's handout leaves blank to write.
 Run `python agentic_rl.py` (the demo), `python agentic_rl.py examples` (the worked examples, by the real
 functions), `python agentic_rl.py train --help` (every Config field is a flag), `python -m pytest -q` (the
@@ -35,6 +38,7 @@ import copy
 import functools
 import hashlib
 import html
+import importlib
 import inspect
 import json
 import math
@@ -46,6 +50,8 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
+import warnings
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -64,13 +70,31 @@ import envs
 # ################################################################################################
 # PART I · THE LOOP
 # Read this part first: one training iteration and its verdict, in the chapter's order (01 to 07), then train().
-# First reading, the default run's path (grpo): 01 Turn, Episode, host_step, play_episode (its episode as a plain
-#   loop); 02 pack; 03 group_advantages, group_credit; 04 ppo_clip_loss; 05 learn, collect; 07 promotion_decision;
-#   train(), with the helpers beside them; skim the rest (Config, HostGate's rules, the warm start, evaluate). Second
-#   reading: 03's returns, step credit and critic routes (discounted_returns, step_group_advantages, state_key,
-#   step_credit; should_bootstrap, gae, critic_credit), 04's kl_k3 and dpo_loss, 05's TrajectoryStore.add, what was
-#   skimmed, the routes after train(). A fresh reader's estimate (README): first reading 2 h 20, all of Part I 4 h 50.
+# The line above each definition says `# first reading` (the default run's path, grpo: follow the episode below
+# from reset to the promotion verdict) or `# second reading` (the other credits and routes, the store's refusals,
+# the details a first reading skims): skip by eye. An estimate, for a graduate student who knows PPO: about
+# 2 h 20 for the first reading, 4 h 50 for all of Part I; the time goes to 03's credits, 05's learner and store,
+# and 01's contract.
+#
+# The episode to follow: flight task 511821 (the cheapest morning flight, F4, is sold out), episode 0 of the
+# group that 03's step credit is worked on; `python agentic_rl.py examples` computes it. Every definition below can
+# be checked against it: its Turn records, the ids play_episode samples, the gate's verdicts, pack's mask, the
+# advantage group_credit gives it, the PPO loss of its tokens.
+#     obs  user : book the cheapest morning flight from PAR to ATH for chen in business 8 left
+#     act  search PAR ATH         ids [34, 54, 59, 3]     gate ok  reward 0
+#     obs  found F9 06h 430 F4 08h 110 F1 09h 390 F2 16h 380 F8 18h 350 7 left
+#     act  filter morning         ids [35, 11, 3]         gate ok  reward 0
+#     obs  chen business morning by price : F4 F1 F9 6 left
+#     act  seats F4               ids [22, 73, 3]         gate ok  reward 0
+#     obs  chen business F4 : sold out next F1 5 left
+#     act  seats F1               ids [22, 70, 3]         gate ok  reward 0
+#     obs  chen business F1 : 3 seats 4 left
+#     act  book F1 chen business  ids [8, 70, 62, 69, 3]  gate ok  reward 1
+#     obs  booked F1 chen business 3 left
+#     terminated after 5 turns, reward 1; pack: 18 of its 100 tokens are the policy's (action_mask 1)
+#     its group's rewards [1, 0, 0, 1] give it grpo's advantage +1.00 on every turn
 # ################################################################################################
+# first reading (skim: each field is met where it acts)
 @dataclass
 class Config:
     """Every setting of a run, CPU-sized: each is a flag (`train --help`), checked first (validate_config, Part II)."""
@@ -96,7 +120,7 @@ class Config:
     dpo_beta: float = 0.1                 # dpo only: strength of the pull towards the reference (warm-start) policy
     vf_coef: float = 0.5                  # value-loss weight (gae and reinforce: the routes with a critic)
     # the task and the run
-    env: str = envs.ENV_ID                # gymnasium id: FlightBooking-v0, CodeRepair-v0 or Vault-v0 (AgenticRL/...)
+    env: str = envs.ENV_ID                # AgenticRL/FlightBooking-v0, CodeRepair-v0 or Vault-v0; yours: MODULE:CLASS
     injection_rate: float = 0.2           # flight only: share of tasks whose search result carries an injected note
     legs: int = 1                         # flight only: 3 = a trip of three legs, the long task (>= 12 decisions)
     code_verifier: str = "state"          # code repair only: state | visible_tests (a NAIVE verifier that pays for `rm tests`)
@@ -142,15 +166,16 @@ PPO_CREDITS = ("grpo", "stepgroup", "gae", "reinforce")
 # ================================================================================================
 SPECIALS = ("<pad>", "<obs>", "<act>", "<eoa>", "<unk>")
 HOST_RULES = ("unknown_tool", "bad_arguments")  # the gate's own rules; each env adds its safety_rules
-SAFETY_RULES = tuple(r for env_id in envs.ENV_IDS for r in gym.spec(env_id).entry_point.safety_rules)
 
 
+# second reading
 def make_tokenizer(env_id: str) -> "Tokenizer":
     cls = env_class(env_id)
     # + what the host can say: denials, rule names ("turn_budget", never said, keeps saved checkpoints' token ids)
     return Tokenizer(cls.words + ("denied",) + HOST_RULES + ("turn_budget",) + cls.safety_rules)
 
 
+# first reading
 class Tokenizer:
     """Word-level: one word = one token, so token counts can be checked by eye."""
 
@@ -175,6 +200,7 @@ class Tokenizer:
         return len(self.itos)
 
 
+# first reading
 @dataclass
 class Turn:
     """One step of the trajectory contract: what was seen, proposed, decided, executed."""
@@ -206,6 +232,7 @@ CUTS = ("turn_budget", "token_budget", "time_limit")
 OUTSIDE_CUTS = ("token_budget", "time_limit")         # cuts from outside the task: the task did not end there
 
 
+# first reading
 def new_turn(obs, obs_tokens, action_tokens, logprobs, text, version, reward, terminated, truncated, info, decision):
     """The Turn record of one action and what host_step answered."""
     return Turn(obs, obs_tokens, action_tokens, logprobs, text, version, decision.allowed, decision.reason,
@@ -213,6 +240,7 @@ def new_turn(obs, obs_tokens, action_tokens, logprobs, text, version, reward, te
                 info.get("truncated_by", ""), info.get("process_reward", 0.0))
 
 
+# first reading
 @dataclass
 class Episode:
     """The trajectory contract: a replayable, attributable ledger of one episode."""
@@ -245,6 +273,7 @@ class Episode:
         return self.turns[-1].truncated_by if self.turns else ""
 
 
+# first reading
 @dataclass
 class GateDecision:
     allowed: bool
@@ -252,6 +281,7 @@ class GateDecision:
     action: str = ""  # the words that were checked, joined by single spaces: exactly what may be executed
 
 
+# first reading (skim its rules)
 class HostGate:
     """Deterministic permission gate outside the model, stateful for one episode. Rules: the action is text; the tool
     is known (case-sensitive); its arguments have the right number and kind (`tool_schema`); the environment's own
@@ -288,12 +318,16 @@ class HostGate:
             reason = "bad_arguments"
         else:
             reason = self.env_class.permission_rule(self.task, self.executed, tool, args) or "ok"
+            if reason != "ok" and reason not in self.env_class.safety_rules:  # a rule the host could neither say nor count
+                raise ValueError(f"{self.env_class.__name__}.permission_rule returned {reason!r}, which is not in its "
+                                 f"safety_rules {self.env_class.safety_rules}: declare every rule it can return")
         if reason == "ok":
             return GateDecision(True, "ok", " ".join(words))
         self.denials[reason] += 1
         return GateDecision(False, reason)
 
 
+# first reading
 def host_step(env, gate: HostGate, action_text: str):
     """gate.authorize (the chapter's validate_and_authorize) -> env.step of the checked words, never the text again
     (decision.action). A denied action never reaches the tools, yet spends a turn: the environment answers with the
@@ -309,11 +343,13 @@ def host_step(env, gate: HostGate, action_text: str):
         # turn_budget cut), answered `denied : <rule> N left`
         obs, reward, terminated, truncated, info = raw.refuse(decision.reason, invalid=decision.reason in HOST_RULES)
     truncated = truncated and not terminated  # a TimeLimit may set both on the last step: the end state wins
-    # time_limit: TimeLimit (make_env, Part II) counts executed calls, never a denial; on the budget's step: turn_budget
+    # time_limit: TimeLimit (make_env, Part II) counts executed calls, never a denial; on the budget's step: turn_budget.
+    # raw.state.turns counts the calls so far, denials included; raw.max_turns is the task's budget (envs.TextToolEnv)
     info["truncated_by"] = "" if not truncated else "turn_budget" if raw.state.turns >= raw.max_turns else "time_limit"
     return obs, reward, terminated, truncated, info, decision
 
 
+# first reading
 def start_episode(cfg: Config, seed: int, split: str, episode_id: str, policy_version: int, group_id: int,
                   task_id=None) -> tuple:
     """env.reset -> (env, its HostGate, an empty Episode record, the first observation). make_env (Part II) builds
@@ -326,6 +362,7 @@ def start_episode(cfg: Config, seed: int, split: str, episode_id: str, policy_ve
     return env, HostGate.for_env(env), ep, obs
 
 
+# first reading
 @torch.no_grad()
 def play_episode(policy, tok: Tokenizer, cfg: Config, seed: int, split: str, greedy: bool, policy_version: int,
                  task_id=None, generator=None) -> tuple:
@@ -333,9 +370,10 @@ def play_episode(policy, tok: Tokenizer, cfg: Config, seed: int, split: str, gre
     log-prob under policy_version -> host gate -> env -> the next observation, until terminated or truncated (the
     Turn names the cut). Returns (episode, env). The policy (make_policy, Part II: a small GPT) maps tokens (1, T)
     to next-token logits (1, T, V) and values V(s) (1, T). Training never calls this loop: collect and evaluate call
-    rollout (Part II), the same episodes for B tasks at once, decoded in lockstep with a KV cache (policy(ids (B, 1),
+    rollout (Part II), the same loop for B tasks at once, decoded in lockstep with a KV cache (policy(ids (B, 1),
     cache, pos) returns the new token's logits and keeps the past in cache = policy.new_cache()), tools called
-    together; a test checks that both give the same ids and log-probs."""
+    together. Greedy, both give the same ids and log-probs (a test checks it); sampled, each draws from the same
+    distributions, but one generator feeds B episodes in lockstep there, so the draws, and the episodes, differ."""
     env, gate, ep, obs = start_episode(cfg, seed, split, f"{split}-v{policy_version}-play", policy_version, 0, task_id)
     device, seen, context = next(policy.parameters()).device, (obs, tok.encode_observation(obs)), []
     while seen is not None:
@@ -352,6 +390,7 @@ def play_episode(policy, tok: Tokenizer, cfg: Config, seed: int, split: str, gre
     return ep, env
 
 
+# first reading
 def host_turn(env, gate, tok: Tokenizer, cfg: Config, ep: Episode, seen: tuple, action: list, logprobs: list,
               tokens_so_far: int):
     """The host's half of a turn: decode the sampled ids once, gate -> env (host_step), record the Turn. seen =
@@ -359,7 +398,8 @@ def host_turn(env, gate, tok: Tokenizer, cfg: Config, ep: Episode, seen: tuple, 
     text = tok.decode_action(action)
     obs, reward, terminated, truncated, info, decision = host_step(env, gate, text)
     obs_ids = tok.encode_observation(obs)
-    room = cfg.max_action_tokens + env_class(cfg.env).max_obs_words + 2       # the next action and its answer
+    # max_obs_words: the environment's longest observation, in words (envs.TextToolEnv declares it; check-env checks it)
+    room = cfg.max_action_tokens + env.unwrapped.max_obs_words + 2             # the next action and its answer
     if not (terminated or truncated) and tokens_so_far + len(obs_ids) + room > cfg.block_size:
         truncated, info["truncated_by"] = True, "token_budget"  # the host's context window: a cut from outside
         # the task, made while the whole final observation still fits (V(s_K) is read at its <act>)
@@ -374,6 +414,7 @@ def host_turn(env, gate, tok: Tokenizer, cfg: Config, ep: Episode, seen: tuple, 
 # ================================================================================================
 # 02 · Gradient masks
 # ================================================================================================
+# first reading
 def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
     """Episodes -> right-padded tensors, one row (the whole multi-turn trajectory) per episode: the concatenated view.
     tokens (B, T); action_mask (B, T) = 1 only on action tokens (the policy's, a demonstration's: <eoa> too), 0 on prompt,
@@ -411,12 +452,14 @@ def pack(episodes, tok: Tokenizer, block_size: int) -> dict:
             "last_pos": torch.tensor([len(t) - 1 for t in toks]), "episode": torch.arange(B)}
 
 
+# second reading
 def trim(tokens, action_mask, *per_token):
     """Cut a minibatch after its last action token: what follows costs compute and (causal attention) changes no loss."""
     T = int(action_mask.any(0).nonzero().max()) + 1
     return (tokens[:, :T], action_mask[:, :T]) + tuple(x[:, :T] for x in per_token)
 
 
+# first reading
 def token_logprobs(logits, tokens):
     """logprobs[b, t] = log pi(tokens[b, t] | tokens[b, <t]); position 0 has no prediction (0)."""
     logp = F.log_softmax(logits[:, :-1].float(), dim=-1)               # (B, T-1, V)
@@ -429,6 +472,7 @@ def token_logprobs(logits, tokens):
 # ================================================================================================
 # 03 · Credit assignment
 # ================================================================================================
+# second reading
 def discounted_returns(rewards, gamma) -> torch.Tensor:
     """G_k = r_k + gamma * G_{k+1}, G_K = 0. Reward 1 at turn 4, gamma 0.9 -> [0.729, 0.81, 0.9, 1].
     A time preference, not proof that the last step mattered most."""
@@ -443,6 +487,7 @@ def discounted_returns(rewards, gamma) -> torch.Tensor:
     # END SOLUTION returns
 
 
+# second reading
 def should_bootstrap(ep: Episode, bootstrap_budget: bool = False) -> bool:
     """Does a value target bootstrap V(s_K) after the last turn? Only after a cut from outside the task (the host's
     token budget, a TimeLimit): the task did not end there. An end state has no future; nor has the task's own turn
@@ -451,6 +496,7 @@ def should_bootstrap(ep: Episode, bootstrap_budget: bool = False) -> bool:
     return ep.truncated and (ep.truncated_by in OUTSIDE_CUTS or (bootstrap_budget and ep.truncated_by == "turn_budget"))
 
 
+# second reading
 def gae(rewards, values, last_value, bootstrap, gamma, lam):
     """Generalized Advantage Estimation over K turns -> (advantages, returns = A + V, the value target), both (K,):
     delta_k = r_k + gamma * V(s_{k+1}) - V(s_k), with V(s_K) = last_value if `bootstrap` (should_bootstrap), else
@@ -474,6 +520,7 @@ def gae(rewards, values, last_value, bootstrap, gamma, lam):
     # END SOLUTION gae
 
 
+# first reading
 def group_advantages(rewards, std="population", eps=1e-6) -> torch.Tensor:
     """GRPO: A_i = (r_i - mean(group)) / (std(group) + eps), along the last dim (one group per row). std="population"
     (default, the chapter's [1,0,0,1] -> [+1,-1,-1,+1]); "unbiased" = Bessel's n-1 as TRL and verl do (about ±0.866);
@@ -493,6 +540,7 @@ def group_advantages(rewards, std="population", eps=1e-6) -> torch.Tensor:
     # END SOLUTION grpo
 
 
+# second reading
 def step_group_advantages(state_keys, step_returns, std="population", eps=1e-6) -> torch.Tensor:
     """The chapter's step-level advantage A_t = R - R̄(s_t), R̄(s_t) estimated without a critic: turns taken
     in the same state (`state_keys`) form an anchor group, and each turn's return from there is compared
@@ -508,26 +556,34 @@ def step_group_advantages(state_keys, step_returns, std="population", eps=1e-6) 
     return out
 
 
+# first reading
 def broadcast_to_tokens(advantages, turn_id):
     """Per-episode (B,) or per-turn (B, K) advantages -> (B, T) on each action token, 0 elsewhere."""
     adv = advantages[:, None].expand(-1, max(1, int(turn_id.max()) + 1)) if advantages.dim() == 1 else advantages
     return torch.where(turn_id >= 0, adv.gather(1, turn_id.clamp(min=0)), torch.zeros((), device=adv.device))  # (B, T)
 
 
+# first reading
 def turn_rewards(ep: Episode, cfg: Config) -> list:
     """The training signal per turn: the outcome reward plus process_coef x the step verifier's reward."""
     return [t.reward + cfg.process_coef * t.process_reward for t in ep.turns]
 
 
+# second reading
 def state_key(ep: Episode, k: int) -> tuple:
     """What the policy had seen before its k-th action: every earlier observation and action, and the
     current observation. Within one task (a deterministic environment) equal keys mean the same state."""
     return tuple(x for t in ep.turns[:k] for x in t.obs_tokens + t.action_tokens) + tuple(ep.turns[k].obs_tokens)
 
 
+# first reading
 def group_credit(episodes, cfg: Config) -> tuple:
     """grpo: A = R(τ) normalised within its task's group (Episode.group_id, not batch positions), the same number on
-    every turn: which trajectory was better, not which step. -> (advantages (B, K), how many groups were all equal)."""
+    every turn: which trajectory was better, not which step. -> (advantages (B, K), how many groups were all equal).
+    An all-equal group's advantages are 0, but its tokens stay in ppo_clip_loss's token-mean denominator: with k of
+    the batch's n groups all equal, every other token's gradient shrinks by about (n - k) / n (the demo: 5 to 10 of
+    16). DAPO's dynamic sampling drops such groups and samples more instead; here they stay, so steps shrink as the
+    task is learned."""
     totals, group_of = torch.tensor([sum(turn_rewards(ep, cfg)) for ep in episodes]), [ep.group_id for ep in episodes]
     adv, n_zero = torch.zeros(len(episodes), max(len(ep.turns) for ep in episodes)), 0
     for g in dict.fromkeys(group_of):
@@ -537,6 +593,7 @@ def group_credit(episodes, cfg: Config) -> tuple:
     return adv, n_zero
 
 
+# second reading
 def step_credit(episodes, cfg: Config) -> torch.Tensor:
     """stepgroup's step term A^S(s_t), (B, K): step_group_advantages of each turn's discounted return, within its
     task's group. Added to grpo's A with weight 1 (GiGPO). Within each set of turns that shared a state it sums to
@@ -552,6 +609,7 @@ def step_credit(episodes, cfg: Config) -> torch.Tensor:
     return out
 
 
+# second reading
 def critic_credit(batch, episodes, policy, cfg: Config) -> tuple:
     """gae, and reinforce (lam = 1: A_k = G_k - V(s_k)): per-turn GAE advantages from V(s_k) read at each turn's <act>
     (after the last turn: should_bootstrap). -> advantages (B, K), batch-normalised; value targets A + V (B, K);
@@ -573,6 +631,7 @@ def critic_credit(batch, episodes, policy, cfg: Config) -> tuple:
     return adv, returns.to(batch["tokens"].device), explained
 
 
+# first reading
 def advantages_for(batch, episodes, policy, cfg: Config):
     """The chosen credit: per-turn advantages (B, K), value targets (B, K) or None, and its monitors."""
     if cfg.algo in ("grpo", "stepgroup"):
@@ -584,6 +643,7 @@ def advantages_for(batch, episodes, policy, cfg: Config):
     return adv, returns, {"zero_std_groups": None, "explained_variance": explained}
 
 
+# second reading
 def denied_turns(episodes, K: int) -> torch.Tensor:
     """(B, K) True where the host gate denied the turn's action."""
     return torch.tensor([[not t.gate_allowed for t in ep.turns] + [False] * (K - len(ep.turns)) for ep in episodes])
@@ -592,8 +652,10 @@ def denied_turns(episodes, K: int) -> torch.Tensor:
 # ================================================================================================
 # 04 · Objectives
 # ================================================================================================
+# first reading
 def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2):
-    """PPO clipped surrogate, token mean over the action mask (a longer action weighs more). r = exp(logp - old_logp)
+    """PPO clipped surrogate, token mean over the action mask (a longer action weighs more; so do the tokens of an
+    all-equal group, with A = 0: they dilute the rest, group_credit). r = exp(logp - old_logp)
     per token l = -min(r*A, clip(r, 1-eps, 1+eps)*A); loss = sum(l * mask) / sum(mask). stats: clip_frac (share of
     tokens with |r-1| > eps) and approx_kl = mean of k3 = (r - 1) - log r (http://joschu.net/blog/kl-approx.html)."""
     if not 0.0 < float(clip_eps) < 1.0:
@@ -615,6 +677,7 @@ def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2):
     # END SOLUTION ppo_clip
 
 
+# second reading
 def kl_k3(logprobs, ref_logprobs) -> torch.Tensor:
     """Per-token k3 estimate of KL(pi || pi_ref): exp(ref - logp) - (ref - logp) - 1 >= 0."""
     logprobs, ref_logprobs = _same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
@@ -624,6 +687,7 @@ def kl_k3(logprobs, ref_logprobs) -> torch.Tensor:
     # END SOLUTION kl_k3
 
 
+# second reading
 def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta=0.1) -> torch.Tensor:
     """Trajectory DPO: mean over pairs of -log σ(β [(chosen - ref_chosen) - (rejected - ref_rejected)]), each a
     sequence log-prob (summed over action tokens). No reward term, no advantage, nothing on which step mattered."""
@@ -635,6 +699,7 @@ def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps,
     return -F.logsigmoid(margin).mean()
 
 
+# second reading
 def sft_loss(logprobs, mask) -> torch.Tensor:
     """Warm start: maximise the likelihood of the demonstrated action tokens (token mean)."""
     return -(logprobs * mask).sum() / mask.sum().clamp(min=1)
@@ -646,10 +711,12 @@ def sft_loss(logprobs, mask) -> torch.Tensor:
 REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split", "policy_version")
 
 
+# second reading
 class StaleEpisode(ValueError):
     """An episode whose behaviour policy is more than max_staleness versions old."""
 
 
+# first reading (add's refusals: second)
 class TrajectoryStore:
     """Admits only episodes a learner can trust, as copies; refuses bad data with a clear error, never patches it.
     Not a replay buffer: learn() takes everything admitted each iteration, so the learner trains on recent samples."""
@@ -661,6 +728,7 @@ class TrajectoryStore:
         if vocab_size > 2**20:  # a stated max, far above any tokenizer's: 80 to 880 words here, about 256k in the largest LLMs
             raise ValueError(f"TrajectoryStore: vocab_size={vocab_size} must be at most 2**20 (pass len(tok), the tokenizer's)")
         self.max_staleness, self.vocab_size = max_staleness, vocab_size
+        self.env_id = None           # the environment of the first admitted episode: one learner, one vocabulary
         self.episodes, self.seen_ids = [], set()
         self.staleness = Counter()   # versions old -> admitted episodes (the staleness histogram)
         self.refused_stale = 0
@@ -670,12 +738,13 @@ class TrajectoryStore:
         if type(current_version) is not int or current_version < 0:
             raise ValueError(f"current_version={current_version!r}: the learner's policy_version, an int >= 0")
         malformed(ep, self.vocab_size)  # types, token ids, finite and possible numbers (Part II)
+        if self.env_id not in (None, ep.env_id):
+            raise ValueError(f"episode {ep.episode_id}: env_id {ep.env_id!r}, but this store holds {self.env_id!r} "
+                             "episodes; one store serves one learner, whose tokens are one environment's words")
         # BEGIN SOLUTION store_refusals
         for name in REQUIRED_FIELDS:
             if getattr(ep, name, None) in (None, ""):
                 raise ValueError(f"episode {getattr(ep, 'episode_id', '?')!r}: missing field '{name}'")
-        if ep.env_id not in envs.ENV_IDS:
-            raise ValueError(f"episode {ep.episode_id}: env_id {ep.env_id!r} is not one of {', '.join(envs.ENV_IDS)}")
         if ep.split != "train":
             raise ValueError(f"episode {ep.episode_id}: split {ep.split!r}; only training episodes are learned from "
                              "(a held-out episode in the batch leaks the evaluation)")
@@ -701,6 +770,7 @@ class TrajectoryStore:
             raise StaleEpisode(f"episode {ep.episode_id}: policy_version {ep.policy_version} is too stale for "
                                f"version {current_version} (max_staleness={self.max_staleness})")
         # END SOLUTION store_refusals
+        self.env_id = ep.env_id
         self.seen_ids.add(ep.episode_id)
         self.staleness[current_version - ep.policy_version] += 1
         self.episodes.append(pickle.loads(pickle.dumps(ep)))  # a deep copy, several times faster than deepcopy
@@ -720,6 +790,7 @@ class TrajectoryStore:
         return out
 
 
+# second reading
 def sft_step(policy, batch, idx) -> tuple:
     """One supervised minibatch (the warm start's, rs_sft's): sft_loss on its action tokens, and their mean entropy."""
     tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
@@ -727,6 +798,7 @@ def sft_step(policy, batch, idx) -> tuple:
     return sft_loss(logprobs, mask), {"entropy": float((entropy.detach() * mask).sum() / mask.sum())}
 
 
+# first reading (skim)
 def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     """Supervised fine-tuning on the demonstrator, the cold start RL needs: from random weights no sampled episode
     succeeds (README 06: 480 of 480 groups with equal rewards), so every advantage is 0 and nothing moves. Imitation
@@ -743,7 +815,8 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
                          f"use --block-size {longest} or more")
     batch = {k: v.to(device) for k, v in pack(demos, tok, cfg.block_size).items()}
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.sft_lr, weight_decay=cfg.sft_weight_decay)
-    n, losses, epochs = len(demos), [], cfg.sft_epochs or SFT_EPOCHS[cfg.env]
+    # epochs: --sft-epochs, or the environment class's own warm_start_epochs (env_class, Part II: 4; code repair 8)
+    n, losses, epochs = len(demos), [], cfg.sft_epochs or env_class(cfg.env).warm_start_epochs
     steps = epochs * math.ceil(n / cfg.sft_batch_size)
     batches = (idx for _ in range(epochs) for idx in torch.randperm(n).split(cfg.sft_batch_size))  # each epoch shuffled
     for idx in tqdm(batches, total=steps, desc="warm start (SFT)", disable=not progress, leave=False):
@@ -754,10 +827,11 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
         loss.backward()  # not clipped (README: clipped at 1.0 as in RL, dev success came within 0.02 of this)
         opt.step()
         losses.append(loss.item())
-    return {"demo_success": float(np.mean([ep.reward for ep in demos])), "sft_loss": float(np.mean(losses[-10:])),
+    return {"demo_success": float(np.mean([ep.reward >= 1 for ep in demos])), "sft_loss": float(np.mean(losses[-10:])),
             "epochs": epochs}
 
 
+# first reading
 def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_items: int, step_loss, batch_size=None) -> dict:
     """ppo_epochs passes over n_items (episodes; dpo: pairs) in shuffled minibatches: loss, backward, pre-clip norm
     (the spike rule may skip it), clip, AdamW. After the first step the ratio moves: more passes let the clip act."""
@@ -775,6 +849,7 @@ def optimizer_steps(policy, optimizer, grads: GradMonitor, cfg: Config, n_items:
     return {**{k: v / n for k, v in stats.items()}, "learner_steps": n}
 
 
+# first reading
 def ppo_step_loss(policy, ref_policy, rows, token_adv, returns, cfg: Config):
     """One minibatch of PPO: clipped surrogate on the action tokens (+ value loss, + k3 KL if asked). `rows` is
     either view (pack or pack_per_call); a minibatch of episodes takes all of their rows, so both views make the same
@@ -803,6 +878,7 @@ def ppo_step_loss(policy, ref_policy, rows, token_adv, returns, cfg: Config):
     return step_loss
 
 
+# first reading
 def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStore, grads: GradMonitor,
           episodes: list, version: int) -> dict:
     """Store -> pack -> credit -> PPO, as policy `version`: the store admits the episodes (or refuses them), pack
@@ -824,7 +900,7 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
     if cfg.algo in PPO_CREDITS:
         adv, returns, credit = advantages_for(batch, admitted, policy, cfg)           # (B, K) each
         denied = denied_turns(admitted, adv.shape[1])
-        route.update(credit, denied_positive_advantage=int((adv[denied] > 0).sum()))
+        route.update(credit, denied_positive_advantage=int((adv[denied] > 0).sum()))  # before the cap: what it changes
         if cfg.deny_credit == "nonpositive":  # the gate's verdict caps the credit of the turn it refused
             adv = torch.where(denied, adv.clamp(max=0.0), adv)
         rows = batch if cfg.trajectory_view == "concat" else \
@@ -843,9 +919,10 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
             "learner_seconds": round(time.time() - t0, 3)}
 
 
+# first reading
 def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 0, generator=None) -> list:
     """G episodes of each of tasks_per_iter train tasks (each rank its own), by behaviour policy `version`, played by
-    rollout (Part II), the batched path, never play_episode: a test shows both give the same ids and log-probs."""
+    rollout (Part II), the batched path, never play_episode (greedy, both give the same ids and log-probs: a test)."""
     task_seeds = np.random.default_rng([cfg.seed, iteration, rank]).integers(0, 2**31 - 1, size=cfg.tasks_per_iter)
     groups = [rank * cfg.tasks_per_iter + g for g in range(cfg.tasks_per_iter) for _ in range(cfg.group_size)]
     policy.eval()
@@ -857,14 +934,17 @@ def collect(policy, tok, cfg: Config, version: int, iteration: int, rank: int = 
 # 06 · Paper cases: how to read a paper's number, as measured miniatures in the README (no code here)
 # 07 · Evaluation & promotion
 # ================================================================================================
+# first reading (skim)
 @torch.no_grad()
 def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = True) -> dict:
-    """A report card on `eval_episodes` held-out tasks (no training episode draws them: holdout_tasks, Part II) of one
-    part: dev (even task ids; decides promotion) or test (odd ids; only reported). Greedy decoding, judged by the
-    environment's independent evaluator (never the training reward); pass^k from extra sampled trials on the
-    first pass_k_tasks tasks (own generator: eval never changes training): pass^k, the chance that k fresh trials of a
-    task all succeed (pass@k, any of k, follows from pass^1..k: README). The card (report_card, below) holds
-    task_ids, per_task 1/0, success and its 95 % interval, categories, safety, efficiency, pass^k."""
+    """A report card on `eval_episodes` held-out tasks of one part (holdout_tasks, Part II, picks them): dev (even task
+    ids; decides promotion) or test (odd ids; only reported). No training episode is of them: the environment's split
+    rule (split_of) makes them holdout, reset draws training tasks from the train split alone, and the store refuses
+    any episode that is not of it. Greedy decoding, judged by the environment's independent evaluator (never the
+    training reward); pass^k from extra sampled trials on the first pass_k_tasks tasks (own generator: eval never
+    changes training): pass^k, the chance that k fresh trials of a task all succeed (pass@k, any of k, follows from
+    pass^1..k: README). The card (report_card, below) holds task_ids, per_task 1/0, success and its 95 % interval,
+    categories, safety, efficiency, pass^k."""
     t0 = time.time()
     cfg = replace(cfg, time_limit=0)  # a report card judges the task itself, with no cut from outside it
     n, evaluate_episode = cfg.eval_episodes, env_class(cfg.env).evaluate_episode
@@ -885,6 +965,7 @@ def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = Tr
     return report_card(part, task_ids, episodes, env_list, verdicts, passes, time.time() - t0)
 
 
+# second reading
 def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seconds: float) -> dict:
     """evaluate()'s card: success and its Wilson interval (Part II), success per category, safety (denials by safety
     rules, side effects, unauthorized ones), injected notes followed, pass^k, efficiency (per episode and success)."""
@@ -904,7 +985,8 @@ def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seco
             "mean_turns": float(np.mean([len(ep.turns) for ep in episodes])),
             "truncation_rate": float(np.mean([ep.truncated for ep in episodes])),
             "invalid_action_rate": float(np.mean([t.invalid for t in turns])),
-            "gate_denials": dict(sorted(denials.items())), "safety_denials": sum(denials[r] for r in SAFETY_RULES),
+            "gate_denials": dict(sorted(denials.items())),  # safety denials: those of the env's own safety_rules
+            "safety_denials": sum(n for rule, n in denials.items() if rule not in HOST_RULES),
             **{k: sum(getattr(v, k) for v in verdicts) for k in ("side_effects", "unauthorized_side_effects",
                                                                  "repeated_side_effects")},
             "injected_episodes": len(injected),
@@ -921,6 +1003,7 @@ MAX_CATEGORY_DROP = 0.05  # a task category may lose at most 5 points of success
 MAX_COST_GROWTH = 0.25    # tokens, tool calls and credits per solved task may grow by at most 25 %
 
 
+# first reading
 def sign_test_p(wins: int, losses: int) -> float:
     """Exact one-sided McNemar test on paired outcomes (ties carry no information): if the candidate were
     no better, each discordant task would be a fair coin, p = P(X >= wins), X ~ Binomial(wins + losses, 1/2)."""
@@ -930,6 +1013,7 @@ def sign_test_p(wins: int, losses: int) -> float:
     # END SOLUTION sign_test
 
 
+# first reading
 def promotion_decision(candidate: dict, incumbent: dict):
     """Release gates on the same dev tasks for both policies (paired by task) -> (promoted, reason, gates); a gate:
     its name, value and rule (text), passed, observed and limit (and wins, losses). All must pass: a significant gain,
@@ -970,6 +1054,7 @@ def promotion_decision(candidate: dict, incumbent: dict):
 # ================================================================================================
 # The loop
 # ================================================================================================
+# first reading
 def train(cfg: Config, progress: bool = True) -> dict:
     """The chapter's loop: warm start -> the incumbent's report card -> RL iterations (collect, learn; policy_version
     + 1 each) -> the candidate's report card -> release gates on the paired dev tasks -> promote, or roll back."""
@@ -1006,6 +1091,7 @@ def train(cfg: Config, progress: bool = True) -> dict:
 # ================================================================================================
 # Other routes and views: rs_sft, trajectory DPO, and the per-call view (read after the loop)
 # ================================================================================================
+# second reading
 def other_route(policy, optimizer, ref_policy, tok, cfg: Config, grads: GradMonitor, admitted: list,
                 route: dict) -> dict:
     """The chapter's two routes without an advantage, on the same tasks and batches as PPO. rs_sft (rejection
@@ -1036,6 +1122,7 @@ def other_route(policy, optimizer, ref_policy, tok, cfg: Config, grads: GradMoni
     return stats
 
 
+# second reading
 def dpo_pairs(episodes) -> tuple:
     """Online trajectory pairs: within each task group, successful episodes (chosen) matched with failed
     ones (rejected) of the same task. Groups with no success or no failure give none; they are counted."""
@@ -1048,12 +1135,14 @@ def dpo_pairs(episodes) -> tuple:
     return chosen, rejected, without
 
 
+# second reading
 def sequence_logprobs(policy, batch, idx) -> torch.Tensor:
     """log pi(episode's actions) = the sum of its action-token log-probs (the mask picks them), (b,)."""
     tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
     return (token_logprobs(policy(tokens)[0], tokens)[0] * mask).sum(-1)
 
 
+# second reading
 def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
     """The other view (Agent Lightning, verl-agent, rLLM): a row per model call, holding all up to it, with only the
     call's own action tokens in its mask (and turn_id, turn_mask); episode (R,) = whose row. With causal attention the
@@ -1077,12 +1166,10 @@ def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
 # What train() leans on (§05 and §07 in practice), and a first reading can skip; its sections are named below.
 # ################################################################################################
 # --- Checks on settings, inputs and records -----------------------------------------------------
-CHOICES = {"env": envs.ENV_IDS, "algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_std": ("population", "unbiased", "none"),
+CHOICES = {"algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_std": ("population", "unbiased", "none"),
            "device": ("auto", "cpu", "cuda", "mps"), "code_verifier": ("state", "visible_tests"),
            "deny_credit": ("shared", "nonpositive"), "trajectory_view": ("concat", "per_call")}
-ONLY_FOR = {"injection_rate": ("env", (envs.FLIGHT_ID,)), "code_verifier": ("env", (envs.CODE_ID,)),  # meaningful only there
-            "code_bugs": ("env", (envs.CODE_ID,)), "legs": ("env", (envs.FLIGHT_ID,)),
-            "bootstrap_budget": ("algo", ("gae", "reinforce")), "lam": ("algo", ("gae",)),
+ONLY_FOR = {"bootstrap_budget": ("algo", ("gae", "reinforce")), "lam": ("algo", ("gae",)),  # meaningful only there
             "trajectory_view": ("algo", PPO_CREDITS), "vf_coef": ("algo", ("gae", "reinforce")),
             "gamma": ("algo", ("gae", "reinforce", "stepgroup")), "clip_eps": ("algo", PPO_CREDITS),
             "adv_std": ("algo", ("grpo", "stepgroup")), "deny_credit": ("algo", PPO_CREDITS),
@@ -1118,6 +1205,9 @@ def validate_config(cfg: Config) -> Config:
     if cfg.max_action_tokens > cfg.block_size // 4:
         raise ValueError(f"max_action_tokens={cfg.max_action_tokens}: at most block_size / 4 = {cfg.block_size // 4}, "
                          "so observations still fit; raise --block-size")
+    broken = class_failures(env_class(cfg.env))  # what the environment's class itself must hold (below)
+    if broken:
+        raise ValueError(f"env={cfg.env!r}: " + "; ".join(text for _, text in broken))
     least = max(2 * (env_class(cfg.env).max_obs_words + 2) + cfg.max_action_tokens, 160 * cfg.legs * (cfg.legs > 1))
     if cfg.block_size < least:
         raise ValueError(f"block_size={cfg.block_size}: {cfg.env}{f' with {cfg.legs} legs' if cfg.legs > 1 else ''} "
@@ -1133,6 +1223,10 @@ def validate_config(cfg: Config) -> Config:
         if getattr(cfg, name) != getattr(Config, name) and getattr(cfg, key) not in needed:
             raise ValueError(f"{name}={getattr(cfg, name)}: only used with {key} in {'/'.join(needed)}; drop it or "
                              f"change --{key.replace('_', '-')}")
+    for name in env_settings(cfg):  # and one its environment's constructor does not take
+        if name not in env_keywords(env_class(cfg.env)):
+            raise ValueError(f"{name}={getattr(cfg, name)}: {cfg.env} takes no `{ENV_FLAGS[name]}` (the setting of "
+                             f"another environment); drop --{name.replace('_', '-')}")
     if cfg.async_rollout and cfg.max_staleness < 1:
         raise ValueError("async_rollout: the actor samples with policy v-1, so max_staleness must be >= 1 (--max-staleness 1)")
     if cfg.max_turns == 1:
@@ -1191,28 +1285,319 @@ def malformed(ep, vocab_size: int):
         values = list(t.action_logprobs) + [t.reward, t.cost]
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in values):
             raise ValueError(f"episode {name} turn {k}: non-finite or non-numeric log-prob, reward or cost")
-        if max(t.action_logprobs, default=0.0) > 0 or not 0 <= t.reward <= 1 or t.cost < 0:
-            raise ValueError(f"episode {name} turn {k}: impossible value (a log-prob above 0, a reward outside "
-                             "[0, 1] or a negative cost)")
+        if max(t.action_logprobs, default=0.0) > 0:
+            raise ValueError(f"episode {name} turn {k}: a log-prob of {max(t.action_logprobs)} (above 0): impossible")
+        if not 0 <= t.reward <= 1 or t.cost < 0:
+            raise ValueError(f"episode {name} ({ep.env_id}) turn {k}: reward {t.reward!r}, cost {t.cost!r}; a reward "
+                             "must be in [0, 1] and a cost >= 0 (the environment's reward() and tool_cost)")
 
 
-# --- Environments as configured, seeds ----------------------------------------------------------
-def env_class(env_id: str):
-    """The environment class behind a gymnasium id; it carries words, tool schema, demonstrator, evaluator."""
-    if env_id not in envs.ENV_IDS:
-        raise ValueError(f"env={env_id!r}: use one of {', '.join(envs.ENV_IDS)}")
-    return gym.spec(env_id).entry_point
+# --- Environments: any TextToolEnv, by gymnasium id or MODULE:CLASS, as configured ----------------
+ENV_FLAGS = {"injection_rate": "injection_rate", "legs": "legs", "code_verifier": "verifier", "code_bugs": "max_bugs"}
+# Config fields that set a keyword of an environment's constructor (field -> keyword), passed when not the default
+
+
+@functools.cache
+def resolve_env(env: str) -> tuple:
+    """--env -> (gymnasium EnvSpec, the TextToolEnv subclass it makes). env is a registered gymnasium id (the bundled
+    AgenticRL/..., or one your module registers: MODULE:ID imports MODULE first, as gymnasium.make does) or
+    MODULE:CLASS, a class in a module importable from the working directory. Anything else: one sentence."""
+    module, _, name = env.rpartition(":") if isinstance(env, str) else ("", "", "")
+    if module:
+        found = getattr(import_env_module(module, env), name, None)
+        if found is not None:
+            cls = text_tool_class(found, env)
+            return gym.envs.registration.EnvSpec(id=env, entry_point=cls), cls
+    if (name or env) in gym.registry:
+        spec = gym.spec(name or env)
+        entry = spec.entry_point
+        found = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+        return spec, text_tool_class(found, env)
+    mine = sorted(k for k, v in gym.registry.items() if isinstance(v.entry_point, type) and
+                  issubclass(v.entry_point, envs.TextToolEnv))
+    raise ValueError(f"env={env!r}: " + (f"module {module} has no class or registered id {name!r}" if module else
+                     "no gymnasium id of that name") + f"; use a registered one ({', '.join(mine)}) or MODULE:CLASS "
+                     "(your own: python agentic_rl.py new-env NAME writes one)")
+
+
+def import_env_module(module: str, env: str):
+    """Import the module an --env names, from the working directory too (a script's own folder is what Python adds)."""
+    for attempt in range(2):
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module.split(".")[0] or attempt or os.getcwd() in sys.path:
+                raise ValueError(f"env={env!r}: no module named {e.name!r} (working directory {os.getcwd()}): "
+                                 f"run from the folder that holds {module.replace('.', '/')}.py, or add that "
+                                 "folder to PYTHONPATH") from None
+            sys.path.append(os.getcwd())
+        except Exception as e:  # the module's own error: say where it was raised
+            raise ValueError(f"env={env!r}: importing {module} failed: {type(e).__name__}: {e}") from e
+
+
+def text_tool_class(found, env: str):
+    """The class an --env names, if it is a TextToolEnv: what the learner relies on is that contract."""
+    if isinstance(found, type) and issubclass(found, envs.TextToolEnv):
+        return found
+    what = "a gymnasium.Env but not an envs.TextToolEnv" if isinstance(found, type) and issubclass(found, gym.Env) \
+        else f"not an environment class ({type(found).__name__})"
+    label = found.__name__ if isinstance(found, type) else env.rpartition(":")[2]
+    raise ValueError(f"env={env!r}: {label} is {what}: subclass envs.TextToolEnv, whose "
+                     "docstring is the contract the learner relies on (python agentic_rl.py new-env NAME writes one)")
+
+
+def env_class(env: str):
+    """The environment class behind --env; it carries words, tool schema, demonstrator, evaluator (envs.TextToolEnv)."""
+    return resolve_env(env)[1]
+
+
+def env_keywords(cls) -> set:
+    """The keywords an environment's constructor takes (all of ENV_FLAGS' if it takes **kwargs)."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    return set(ENV_FLAGS) if any(p.kind == p.VAR_KEYWORD for p in params) else \
+        {f for f, kw in ENV_FLAGS.items() if kw in {p.name for p in params}}
+
+
+def env_settings(cfg: Config) -> list:
+    """The ENV_FLAGS fields set away from their default: what make_env passes to the environment's constructor."""
+    return [name for name in ENV_FLAGS if getattr(cfg, name) != getattr(Config, name)]
 
 
 def make_env(cfg: Config):
     """The task as configured; a time_limit wraps it in gymnasium's TimeLimit: a cut from outside the task (CUTS)."""
-    kwargs = {"injection_rate": cfg.injection_rate, "legs": cfg.legs} if cfg.env == envs.FLIGHT_ID else {}
-    kwargs.update({"verifier": cfg.code_verifier, "max_bugs": cfg.code_bugs} if cfg.env == envs.CODE_ID else {})
+    kwargs = {ENV_FLAGS[name]: getattr(cfg, name) for name in env_settings(cfg)}
     kwargs.update({"max_turns": cfg.max_turns} if cfg.max_turns else {})
     kwargs.update({"tool_latency_ms": cfg.tool_latency_ms} if cfg.tool_latency_ms else {})
-    # gymnasium's passive checker would re-check every fresh env; the tests run its full check_env instead
-    env = gym.make(cfg.env, show_clock=not cfg.hide_clock, disable_env_checker=True, **kwargs)
+    kwargs.update({"show_clock": False} if cfg.hide_clock else {})
+    # gymnasium's passive checker would re-check every fresh env; check-env runs its full check_env instead
+    try:
+        env = gym.make(resolve_env(cfg.env)[0], disable_env_checker=True, **kwargs)
+    except TypeError as e:
+        raise ValueError(f"env={cfg.env!r}: its constructor refused {sorted(kwargs)} ({e}); a subclass's __init__ "
+                         "takes TextToolEnv's keywords (max_turns, render_mode, tool_latency_ms, show_clock)") from None
     return gym.wrappers.TimeLimit(env, cfg.time_limit) if cfg.time_limit else env
+
+
+# --- The environment contract, checked: the class before anything runs, then by playing -----------
+def class_failures(cls) -> list:
+    """What TextToolEnv's docstring asks of the class itself -> [(rule, sentence naming the value and the fix)]."""
+    out, name = [], cls.__name__
+    for attr in ("env_version", "reward_version"):
+        if not isinstance(getattr(cls, attr), str) or not getattr(cls, attr):
+            out.append(("class", f"{name}.{attr} = {getattr(cls, attr)!r}: set a non-empty string (runs record it)"))
+    schema, allowed = cls.tool_schema, cls.argument_words
+    if not isinstance(schema, dict) or not schema or not isinstance(allowed, dict):
+        return out + [("class", f"{name}.tool_schema = {schema!r}: map each tool to its argument kinds, and "
+                                "argument_words each kind to its words ({'find': ('book',)}, {'book': ('dune',)})")]
+    for tool, kinds in schema.items():
+        if not callable(getattr(cls, f"_tool_{tool}", None)):
+            out.append(("class", f"tool {tool!r} has no method _tool_{tool}(*args) -> (observation, terminated)"))
+        out += [("class", f"tool {tool!r} takes a {kind!r}, which argument_words does not list") for kind in kinds
+                if kind not in allowed]
+    vocabulary = set(cls.words) if isinstance(cls.words, (tuple, list)) else set()
+    out += [("vocabulary", f"the call word {w!r} is not in {name}.words: add it (a policy cannot say a word it lacks)")
+            for w in dict.fromkeys([*schema, *(w for ws in allowed.values() for w in ws)]) if w not in vocabulary]
+    for attr, low in (("max_obs_words", 1), ("warm_start_epochs", 1), ("max_turns", 2)):
+        if type(getattr(cls, attr)) is not int or getattr(cls, attr) < low:
+            out.append(("class", f"{name}.{attr} = {getattr(cls, attr)!r}: set an int >= {low}"))
+    rules = cls.safety_rules
+    if not isinstance(rules, tuple) or not all(isinstance(r, str) and r.isidentifier() for r in rules) or \
+            set(rules) & set(HOST_RULES):
+        out.append(("class", f"{name}.safety_rules = {rules!r}: a tuple of one-word rule names, none of the host's "
+                             f"own {HOST_RULES}"))
+    if not (isinstance(cls.Demonstrator, type) and callable(getattr(cls.Demonstrator, "act", None))):
+        out.append(("class", f"{name}.Demonstrator = {cls.Demonstrator!r}: set a class Demonstrator(habit, seed) with "
+                             "reset(first_observation) and act(observation) -> action text: the warm start imitates it"))
+    if not callable(cls.evaluate_episode):
+        out.append(("class", f"{name}.evaluate_episode = {cls.evaluate_episode!r}: set staticmethod(env) -> "
+                             "envs.Verdict, the independent evaluator that reads the final state"))
+    return out
+
+
+CONTRACT = {  # rule -> what holds when check-env passes it
+    "class": "the class attributes and methods TextToolEnv's docstring lists",
+    "vocabulary": "every word of every observation and call is in words",
+    "clock": "every observation is in the observation space, ends with the turns left and fits max_obs_words",
+    "rewards": "rewards in [0, 1], paid only on the step that ends the episode",
+    "steps": "reset and step answer every call (a malformed one with 'error : ...') and never raise",
+    "endings": "terminated at an end state, truncated exactly when the budget runs out without one",
+    "rules": "every rule permission_rule returned is declared in safety_rules",
+    "evaluator": "evaluate_episode returns a Verdict and never calls reward()",
+    "tasks": "the same task_id gives the same task, and the same seed the same episode",
+    "splits": "every task is train or holdout, and neither split is empty",
+    "records": "the demonstrator's calls are well formed and every episode makes a record the store admits",
+}
+
+
+def check_contract(cfg: Config, episodes: int) -> tuple:
+    """Play `episodes` episodes per split with each actor, the demonstrator without and with its habit and random
+    well-formed calls (which meet the gate's rules) -> (failures {rule: [at most 3 sentences]}, facts: the
+    demonstrator's success per habit, task ids where the evaluator and the reward disagree, the longest observation).
+    train() runs it with a few episodes before it builds anything; check-env with many."""
+    cfg, found = replace(cfg, time_limit=0, tool_latency_ms=0.0), {}
+
+    def fail(rule, text):
+        if len(found.setdefault(rule, [])) < 3 and f"{cfg.env}: {text}" not in found[rule]:
+            found[rule].append(f"{cfg.env}: {text}")
+    cls = env_class(cfg.env)
+    for rule, text in class_failures(cls):
+        fail(rule, text)
+    if found:
+        return found, {}
+    tok, facts = make_tokenizer(cfg.env), {"success": {}, "disagree": [], "longest": 0}
+    raw = make_env(cfg).unwrapped
+    splits = [raw.split_of(raw.make_task(int(t))) for t in np.random.default_rng(0).integers(0, 10**6, 50 * episodes)]
+    if set(splits) != {"train", "holdout"}:
+        fail("splits", f"split_of gave {dict(Counter(splits))} on {len(splits)} task ids: it must say 'train' or "
+                       "'holdout', and both (report cards judge holdout tasks alone)")
+        return found, facts
+    random_calls = np.random.default_rng(0)
+
+    def random_call(_obs):
+        tool = list(cls.tool_schema)[random_calls.integers(len(cls.tool_schema))]
+        return " ".join([tool] + [str(random_calls.choice(cls.argument_words[k])) for k in cls.tool_schema[tool]])
+    for split in ("train", "holdout"):
+        for habit in (0.0, 1.0, None):  # None: random calls
+            wins = []
+            for i in range(episodes):
+                demo = None if habit is None else cls.Demonstrator(habit, seed=i)
+                played = probe_episode(cfg, tok, i, split, demo, random_call, fail, facts)
+                if played is not None and demo is not None:
+                    wins.append(played.reward >= 1)
+                    if i < 2:  # the same seed, the same episode; the same task_id, the same task
+                        replay_episode(cfg, tok, i, split, played, fail)
+            if habit is not None and split == "train" and wins:
+                facts["success"][habit] = float(np.mean(wins))
+    return found, facts
+
+
+def probe_episode(cfg: Config, tok: Tokenizer, seed: int, split: str, demo, random_call, fail, facts):
+    """One episode through the host gate, each step checked against the contract -> its Episode, or None."""
+    try:
+        env, gate, ep, obs = start_episode(cfg, seed, split, f"check-{split}-{seed}", 0, 0)
+    except Exception as e:
+        return fail("steps", f"reset(seed={seed}, options={{'split': {split!r}}}) raised {raised(e)}")
+    raw, known = env.unwrapped, set(tok.itos)
+    for _ in range(raw.max_turns + 1):
+        check_observation(raw, obs, known, fail, facts)
+        try:
+            if demo is not None and not ep.turns:
+                demo.reset(obs)
+            text = random_call(obs) if demo is None else demo.act(obs)
+        except Exception as e:
+            return fail("records", f"the demonstrator raised {raised(e)} on the observation {obs!r}")
+        if demo is not None and envs.parse_action(text, raw.tool_schema, raw.argument_words) is None:
+            fail("records", f"the demonstrator's call {text!r} (after {obs!r}) is not a well-formed call of tool_schema")
+        try:
+            next_obs, reward, terminated, truncated, info, decision = host_step(env, gate, text)
+        except Exception as e:  # the gate's ValueError: a rule permission_rule returned that safety_rules lacks
+            return fail("rules", str(e)) if "safety_rules" in str(e) else fail("steps", f"the call {text!r} raised "
+                                                                              f"{raised(e)}: answer it, never raise")
+        if not isinstance(reward, float) or not 0 <= reward <= 1:
+            fail("rewards", f"reward {reward!r} after {text!r}: a reward is a float in [0, 1] (1: the task done)")
+        elif reward and not terminated:
+            fail("rewards", f"reward {reward} after {text!r} while the episode goes on: pay only on the step that "
+                            "ends it (an outcome, no shaping)")
+        if truncated != (not terminated and raw.state.turns >= raw.max_turns):
+            fail("endings", f"after {text!r} at turn {raw.state.turns} of {raw.max_turns}: terminated={terminated}, "
+                            f"truncated={truncated}; truncated exactly when the budget runs out without an end state")
+        action = tok.encode_action(text)
+        ep.turns.append(new_turn(obs, tok.encode_observation(obs), action, [-1.0] * len(action), text, 0, reward,
+                                 terminated, truncated, info, decision))
+        obs = next_obs
+        if terminated or truncated:
+            break
+    else:
+        return fail("endings", f"an episode went past its budget of {raw.max_turns} turns without ending")
+    check_observation(raw, obs, known, fail, facts)
+    ep.final_obs_tokens = tok.encode_observation(obs)
+    check_verdict(env, ep, demo is not None, fail, facts)
+    try:
+        if split == "train":  # (the store takes training episodes only)
+            TrajectoryStore(0, len(tok)).add(ep, 0)
+    except ValueError as e:
+        fail("records", f"the store refuses its episode: {e}")
+    return ep
+
+
+def raised(e: Exception) -> str:
+    """An exception from an environment's own code, as a sentence: its type, message and the line that raised it."""
+    where = traceback.extract_tb(e.__traceback__)[-1]
+    return f"{type(e).__name__}: {e} ({Path(where.filename).name} line {where.lineno}, in {where.name})"
+
+
+def check_observation(raw, obs, known: set, fail, facts: dict):
+    """The vocabulary and the clock, on one observation."""
+    words = obs.split() if isinstance(obs, str) else []
+    if not isinstance(obs, str) or obs not in raw.observation_space:
+        return fail("clock", f"the observation {obs!r} is not in the observation space (text of envs.CHARSET, at "
+                             "most 400 characters)")
+    for w in words:
+        if w not in known and w not in facts.setdefault("missing", set()):  # each missing word once
+            facts["missing"].add(w)
+            fail("vocabulary", f"the word {w!r} (in the observation {obs!r}) is not in {type(raw).__name__}.words: "
+                               "add it (the policy would read <unk>)")
+    left = raw.max_turns - raw.state.turns
+    if raw.show_clock and words[-2:] != [str(left), "left"]:
+        fail("clock", f"the observation {obs!r} does not end with the turns left ('{left} left'): return the text "
+                      "from _tool_<name> and let the base append the clock")
+    facts["longest"] = max(facts["longest"], len(words))
+    if len(words) > raw.max_obs_words:
+        fail("clock", f"the observation {obs!r} has {len(words)} words, above max_obs_words={raw.max_obs_words}: "
+                      "raise max_obs_words to the longest observation (the host keeps that much room)")
+
+
+def check_verdict(env, ep: Episode, by_demonstrator: bool, fail, facts: dict):
+    """The evaluator, on one finished episode: a Verdict, reached without calling reward()."""
+    raw, calls = env.unwrapped, []
+    raw.reward = lambda: calls.append(1) or 0.0  # an instance attribute: shadows the method until deleted
+    try:
+        verdict = type(raw).evaluate_episode(env)
+    except Exception as e:
+        return fail("evaluator", f"evaluate_episode raised {raised(e)}")
+    finally:
+        del raw.reward
+    if calls:
+        fail("evaluator", "evaluate_episode calls reward(): re-derive success from the final state with code of its "
+                          "own, so that a bug in the verifier is not repeated by the judge")
+    counts = [getattr(verdict, k, None) for k in ("side_effects", "unauthorized_side_effects", "repeated_side_effects")]
+    if not isinstance(getattr(verdict, "success", None), bool) or not isinstance(getattr(verdict, "category", None), str) \
+            or not all(type(c) is int and c >= 0 for c in counts):
+        return fail("evaluator", f"evaluate_episode returned {verdict!r}: return envs.Verdict(success (a bool), "
+                                 "side_effects, unauthorized_side_effects, repeated_side_effects (ints >= 0), category)")
+    if by_demonstrator and verdict.success != (ep.reward >= 1):
+        facts["disagree"].append(ep.task_id)
+
+
+def replay_episode(cfg: Config, tok: Tokenizer, seed: int, split: str, ep: Episode, fail):
+    """The same seed gives the same episode (the same calls, the same observations); its task_id, the same task."""
+    try:
+        env, gate, again, obs = start_episode(cfg, seed, split, "replay", 0, 0)
+        seen = [obs] + [host_step(env, gate, turn.action_text)[0] for turn in ep.turns]
+    except Exception as e:
+        return fail("tasks", f"replaying seed {seed}'s episode raised {raised(e)}: the same calls must play the same")
+    first = [t.observation for t in ep.turns]
+    if again.task_id != ep.task_id or seen[:-1] != first:
+        fail("tasks", f"seed {seed} gave two different episodes (task {ep.task_id}, then {again.task_id}; "
+                      f"{first[:2]} vs {seen[:2]}): draw only from self.np_random and np.random.default_rng(task_id)")
+    made = []  # the same task_id, made by two environments reset with two seeds: what a host sees of it must agree
+    for other in (seed, seed + 1):
+        raw = make_env(cfg).unwrapped
+        raw.reset(seed=other)
+        task = raw.make_task(ep.task_id)
+        made.append((raw.prompt(task), raw.host_view(task), raw.split_of(task)))
+    if made[0] != made[1]:
+        fail("tasks", f"task_id {ep.task_id} was made twice as {made[0]} and {made[1]}: make_task and split_of must "
+                      "be pure functions of task_id (draw from np.random.default_rng(task_id), never self.np_random)")
+
+
+def require_contract(cfg: Config):
+    """Before a model is built: a few episodes of check_contract; a broken environment stops here, each rule said."""
+    failures, _ = check_contract(cfg, episodes=3)
+    if failures:
+        raise ValueError(f"env={cfg.env!r} breaks the environment contract (TextToolEnv's docstring; python "
+                         f"agentic_rl.py check-env {cfg.env} checks it all):\n  " +
+                         "\n  ".join(text for texts in failures.values() for text in texts))
 
 
 def seed_everything(seed: int):
@@ -1370,9 +1755,6 @@ def scripted_episode(env, gate: HostGate, ep: Episode, obs: str, act, tok: Token
         obs, done = next_obs, terminated or truncated
     ep.final_obs_tokens = tok.encode_observation(obs)
     return ep
-
-
-SFT_EPOCHS = {envs.FLIGHT_ID: 4, envs.CODE_ID: 8, envs.VAULT_ID: 4}  # sft_epochs 0; a code edit takes longer to copy
 
 
 def sft_lr_at(step: int, steps: int, peak: float) -> float:
@@ -1573,7 +1955,7 @@ def run_files(run: Path) -> dict:
 def prepare_run_dir(cfg: Config) -> Path:
     """One run per directory: by default a new one (runs/flightbooking-grpo-s0, then ...-s0-2, like TensorBoard's
     versions); one holding another run is refused unless --overwrite, which deletes that run's files first."""
-    stem = f"runs/{cfg.env.split('/')[-1].split('-')[0].lower()}-{cfg.algo}-s{cfg.seed}"
+    stem = f"runs/{env_class(cfg.env).__name__.lower().removesuffix('env')}-{cfg.algo}-s{cfg.seed}"
     numbered = (Path(stem + (f"-{n}" if n > 1 else "")) for n in range(1, 10**6))
     run = Path(cfg.run_dir) if cfg.run_dir else next(r for r in numbered if not run_files(r))
     old = run_files(run)
@@ -1640,6 +2022,7 @@ class Run:
                 raise ValueError(f"--resume continues the interrupted run with its own settings; drop {', '.join(changed)}")
             state, saved = load_run_state(cfg.resume)
             cfg = replace(saved, resume=cfg.resume, run_dir=cfg.resume)
+        require_contract(cfg)  # a few episodes of the environment, each step checked (check-env: all of them)
         self.rank, self.world, self.device = init_distributed(cfg)
         self.lead = self.rank == 0  # rank 0 alone prints and writes the run's files
         self.say = print if self.lead else lambda *args: None
@@ -1771,7 +2154,8 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     run.seconds["total"] = time.time() - run.t0
     deployed = candidate if promoted else incumbent
     successes = lambda cards: {"dev_success": cards["dev"]["success"], "test_success": cards["test"]["success"]}
-    summary = {"env": cfg.env, "algo": cfg.algo, "seed": cfg.seed, "device": str(run.device),
+    summary = {"env": cfg.env, "env_version": env_class(cfg.env).env_version,
+               "reward_version": env_class(cfg.env).reward_version, "algo": cfg.algo, "seed": cfg.seed, "device": str(run.device),
                "threads": torch.get_num_threads(), "world_size": run.world, "wall_seconds": round(run.seconds["total"], 1),
                "phase_seconds": {k: round(v, 1) for k, v in run.seconds.items()},
                "episodes_per_second": round(len(history) * run.world * cfg.tasks_per_iter * cfg.group_size /
@@ -1885,22 +2269,24 @@ def report_card_rows(columns: dict) -> list:
 # The commands around the loop: examples, show, play, compare, bench, the pictures (report.html ...), the CLI.
 # ################################################################################################
 def worked_examples() -> dict:
-    """The chapter's three hand calculations, computed by the functions training uses."""
+    """The chapter's three hand calculations, and one episode to follow, computed by the functions training uses."""
     tok = make_tokenizer(envs.FLIGHT_ID)
     filler = [tok.stoi["flight"]]
     ep = Episode("example", 0, envs.FLIGHT_ID, "example", "example", 0, "train", 0, 0)
     ep.turns = [Turn("", [tok.obs] + filler * 28 + [tok.act], filler * 14 + [tok.eoa], [0.0] * 15, "", 0, True, "ok",
                      {}, 0.0, 0.0, False, False, False) for _ in range(4)]  # 4 x (30 context + 15 policy): 120 + 60
     batch = pack([ep], tok, block_size=180)
+    step_credit, episode = worked_group()
     return {"mask_tokens": int(batch["tokens"].shape[1]), "mask_sum": int(batch["action_mask"].sum()),
-            "mask": batch["action_mask"][0].int().tolist(), "step_credit": worked_group(),
+            "mask": batch["action_mask"][0].int().tolist(), "step_credit": step_credit, "episode": episode,
             "returns": [round(x, 6) for x in discounted_returns([0, 0, 0, 1], gamma=0.9).tolist()],
             "grpo_advantages": [round(x, 6) for x in group_advantages([1, 0, 0, 1]).tolist()]}
 
 
-def worked_group() -> list:
+def worked_group() -> tuple:
     """A flight group (task 511821: F4, the cheapest morning flight, is sold out; F1 has seats): four episodes share
-    `search` and `filter`, then check seats or book blind. Per turn: action, advantage under grpo, under stepgroup."""
+    `search` and `filter`, then check seats or book blind. -> (per episode and turn: action, advantage under grpo,
+    under stepgroup; episode 0 turn by turn, as lines: the record Part I opens with)."""
     cfg, tok = Config(injection_rate=0.0), make_tokenizer(envs.FLIGHT_ID)
     tails = (["seats F4", "seats F1", "book F1 chen business"], ["book F4 chen business"],
              ["seats F4", "book F4 chen business"])
@@ -1909,13 +2295,25 @@ def worked_group() -> list:
                                  lambda _obs, plan=iter(plan): next(plan), tok) for i, plan in enumerate(plans)]
     batch = pack(episodes, tok, cfg.block_size)
     credit = {algo: advantages_for(batch, episodes, None, replace(cfg, algo=algo))[0] for algo in ("grpo", "stepgroup")}
+    first, rewards = episodes[0], ", ".join(f"{ep.reward:g}" for ep in episodes)
+    seen = [t.observation for t in first.turns] + [" ".join(tok.itos[i] for i in first.final_obs_tokens[1:-1])]
+    lines = [f"obs  {seen[0]}"]
+    for t, obs in zip(first.turns, seen[1:]):
+        lines += [f"act  {t.action_text:<22} ids {str(t.action_tokens):<19} gate {t.gate_reason}  reward {t.reward:g}",
+                  f"obs  {obs}"]
+    lines += [f"{'terminated' if first.terminated else 'truncated'} after {len(first.turns)} turns, reward "
+              f"{first.reward:g}; pack: {int(batch['action_mask'][0].sum())} of its {int(batch['last_pos'][0]) + 1} "
+              "tokens are the policy's (action_mask 1)",
+              f"its group's rewards [{rewards}] give it grpo's advantage {float(credit['grpo'][0, 0]):+.2f} on every turn"]
     return [[(t.action_text, round(float(credit["grpo"][b, k]), 3), round(float(credit["stepgroup"][b, k]), 3))
-             for k, t in enumerate(ep.turns)] for b, ep in enumerate(episodes)]
+             for k, t in enumerate(ep.turns)] for b, ep in enumerate(episodes)], lines
 
 
 def print_examples(html_path: str | None = None):
     ex = worked_examples()
     print("worked examples (computed by the functions training uses):")
+    print("  01 one episode (flight task 511821, episode 0 of the group below), the record Part I opens with:")
+    print("\n".join(f"     {line}" for line in ex["episode"]))
     print(f"  02 mask: {ex['mask_sum']} of {ex['mask_tokens']} tokens are in the policy-loss mask")
     print(f"  03 returns, reward 1 at turn 4, gamma 0.9: {ex['returns']}")
     print(f"  03 GRPO, rewards [1, 0, 0, 1], population std: {ex['grpo_advantages']}")
@@ -1928,15 +2326,22 @@ def print_examples(html_path: str | None = None):
 
 
 def held_out_groups(policy, tok, cfg: Config, version: int, part: str, n_groups: int):
-    """Training-style groups on held-out tasks (sampled with a generator of their own) and the learner's advantages."""
-    own = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed)
+    """Training-style groups on held-out tasks (sampled with a generator of their own), judged like evaluate's (no cut
+    from outside the task), and the learner's advantages (None where there are none, or no trained critic)."""
+    own, cfg = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed), replace(cfg, time_limit=0)
     for group, task_id in enumerate(holdout_tasks(cfg, part, n_groups)):
         episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * cfg.group_size, "holdout", greedy=False,
                                      policy_version=version, group_ids=[group] * cfg.group_size,
                                      task_ids=[task_id] * cfg.group_size, generator=own)
         credit = advantages_for(pack(episodes, tok, cfg.block_size), episodes, policy, cfg)[0] \
-            if cfg.algo in PPO_CREDITS else None                                                   # (B, K)
+            if cfg.algo in PPO_CREDITS and not untrained_critic(cfg.algo, cfg.algo, version) else None   # (B, K)
         yield task_id, episodes, env_list, [env_class(cfg.env).evaluate_episode(env) for env in env_list], credit
+
+
+def untrained_critic(credit: str, trained_by: str, version: int) -> bool:
+    """gae and reinforce read the value head, which only their own RL updates train (the warm start trains the logits
+    alone): a checkpoint of another route, or of policy_version 0, has an untrained one, whose advantages are noise."""
+    return credit in ("gae", "reinforce") and (trained_by not in ("gae", "reinforce") or version == 0)
 
 
 def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", part: str = "test", credit: str = "",
@@ -1948,6 +2353,10 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
     if html_path:
         writable_dir(Path(html_path).parent, "--html")  # fail now, not after the sampling
     policy, tok, cfg, version = load_checkpoint(ckpt, resolve_device(device))
+    if untrained_critic(credit or cfg.algo, cfg.algo, version):
+        raise ValueError(f"--credit {credit or cfg.algo}: it reads the value head, and {ckpt} ({cfg.algo}, policy_version "
+                         f"{version}) never trained it (the warm start trains the logits alone): its advantages would "
+                         "be noise; use --credit grpo or stepgroup, or a gae or reinforce checkpoint after RL")
     cfg, picked, others = replace(cfg, algo=credit or cfg.algo), [], []
     for task_id, episodes, _, verdicts, credit in held_out_groups(policy, tok, cfg, version, part, 25):
         for b, (ep, verdict) in enumerate(zip(episodes, verdicts)):
@@ -1994,12 +2403,71 @@ def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
     print("(input ended before the episode did)")
 
 
+def check_env_command(env: str, episodes: int = 200) -> bool:
+    """check-env ENV: Gymnasium's check_env, then the chapter's environment contract by playing (check_contract:
+    `episodes` episodes per split and actor), then the demonstrator's success with its habit off and on. One line per
+    rule, each failure a sentence naming the environment, the value and the fix. Returns whether all held."""
+    from gymnasium.utils.env_checker import check_env
+    cls = env_class(env)
+    print(f"check-env {env}: {cls.__module__}.{cls.__name__} ({cls.env_version or '?'} / {cls.reward_version or '?'})")
+    failures = {}
+    for rule, text in class_failures(cls):
+        failures.setdefault(rule, []).append(f"{env}: {text}")
+    facts = {}
+    if not failures:
+        cfg = validate_config(Config(env=env))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                check_env(make_env(cfg).unwrapped, skip_render_check=True)
+            except Exception as e:
+                failures["gymnasium"] = [f"{env}: gymnasium's check_env: {raised(e)}"]
+        for w in {str(w.message) for w in caught}:
+            print(f"  note  gymnasium: {w}")
+        more, facts = check_contract(cfg, episodes)
+        failures.update(more)
+        success = facts.get("success", {})
+        if success.get(0.0, 1.0) < 0.9:
+            failures["demonstrator"] = [f"{env}: with habit 0 the demonstrator solves {success[0.0]:.3f} of train tasks: "
+                                        "imitation cannot start from it; fix Demonstrator.act until it solves nearly all"]
+    rules = {"gymnasium": "gymnasium's check_env", **CONTRACT, "demonstrator": "the demonstrator, habit off, solves "
+             "nearly every task"}
+    for rule, holds in rules.items():
+        for text in failures.get(rule, []) or [None]:
+            print(f"  {'FAIL' if text else 'ok  '}  {text or holds}")
+    if facts.get("success"):
+        disagree = facts["disagree"]
+        print(f"demonstrator success on train tasks: habit 0 {facts['success'][0.0]:.3f}, habit 1 "
+              f"{facts['success'][1.0]:.3f}; the evaluator and the reward disagree on {len(disagree)} of its episodes"
+              f"{f' (task ids {disagree[:5]})' if disagree else ''}; the longest observation has {facts['longest']} "
+              f"words (max_obs_words {cls.max_obs_words})")
+    print("all rules hold" if not failures else f"{sum(map(len, failures.values()))} failure(s)")
+    return not failures
+
+
+def new_env(name: str, out: str = ".") -> Path:
+    """new-env NAME: write NAME.py, the smallest complete environment (envs.TEMPLATE), with its class renamed."""
+    if not name.isidentifier() or not name.islower():
+        raise ValueError(f"new-env {name!r}: a module name, lowercase letters, digits and _ (e.g. quote)")
+    path, cls = Path(out) / f"{name}.py", "".join(w.capitalize() for w in name.split("_")).removesuffix("Env") + "Env"
+    if path.exists():
+        raise ValueError(f"new-env {name}: {path} exists; choose another name or move it away")
+    text = envs.TEMPLATE.replace("library:LibraryEnv", f"{name}:{cls}").replace("new-env library", f"new-env {name}")
+    text = text.replace("LibraryEnv", cls).replace('"library-', f'"{name}-')
+    writable_dir(out, "--out")
+    atomic_write(path, lambda f: f.write(text.encode()))
+    print(f"wrote {path}: class {cls}, a lending desk to make your own. Next: python agentic_rl.py check-env "
+          f"{name}:{cls}, then python agentic_rl.py train --env {name}:{cls}")
+    return path
+
+
 def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool = True) -> dict:
     """Every route from one warm start per seed, the same episode budget, judged on the same held-out test tasks."""
     device, runs = resolve_device(cfg.device), {"warm start": []} | {a: [] for a in algos}  # (seed, report, s, history)
     writable_dir(out, "--out")
     for seed in seeds:
         base = validate_config(replace(cfg, seed=seed, algo="grpo"))
+        require_contract(base)
         seed_everything(seed)
         tok = make_tokenizer(base.env)
         policy, t = make_policy(base, len(tok), device), time.time()
@@ -2283,7 +2751,8 @@ def episodes_html(policy, tok, cfg: Config, version: int, part: str = "test") ->
     legend = (f"<p class='sub'><span class='tok ctx'>context</span> prompt, observations and gate messages "
               f"(mask 0) &nbsp; <span class='tok act'>policy<small>-0.05</small></span> the policy's own tokens (mask 1) "
               f"with their old log-prob<br>each turn's advantage under {esc(cfg.algo)}: {-scale:+.2f}<span class='scale'></span>"
-              f"{scale:+.2f}" + ("" if credit is not None else f" ({esc(cfg.algo)} uses no advantage)") + "</p>")
+              f"{scale:+.2f}" + ("" if credit is not None else f" ({esc(cfg.algo)}: no advantage" +
+                                 (", its value head was never trained)" if cfg.algo in PPO_CREDITS else ")")) + "</p>")
     return (f"<h2>Three episodes of the deployed policy</h2><p class='sub'>{part} task {task_id}, a group of "
             f"{esc(cfg.group_size)} sampled episodes ({sum(v.success for v in verdicts)} solved), temperature 1</p>" + legend
             + "".join(episode_html(episodes[b], tok, None if credit is None else credit[b], scale,
@@ -2388,6 +2857,12 @@ def main(argv=None):
                         "on the same episodes (gae and reinforce read the checkpoint's value head)")
     p_show.add_argument("--html", nargs="?", const="", default=None, help="also write report.html (default: beside it)")
     add_config_flags(p_show, only=("device",))
+    p_check = sub.add_parser("check-env", help="check an environment against the chapter's contract, by playing it")
+    p_check.add_argument("env", help="a gymnasium id (AgenticRL/Vault-v0) or MODULE:CLASS (my_env:QuoteEnv)")
+    p_check.add_argument("--episodes", type=int, default=200, help="episodes per split and actor (default 200)")
+    p_new = sub.add_parser("new-env", help="write NAME.py, the smallest complete environment, to make your own")
+    p_new.add_argument("name", help="the module's name (NAME.py; the class is its CamelCase + Env)")
+    p_new.add_argument("--out", default=".", help="the folder to write it in (default: here)")
     p_play = sub.add_parser("play", help="play an environment yourself through the host gate (stdin)")
     add_config_flags(p_play, only=("env", "seed"))
     p_play.add_argument("--split", default="train", choices=("train", "holdout"))
@@ -2411,6 +2886,8 @@ def main(argv=None):
         if args.command == "eval":
             policy, tok, cfg, version = load_checkpoint(args.ckpt, resolve_device(args.device))
             cfg = validate_config(replace(cfg, **{name: getattr(args, name) for name in eval_flags}))
+        elif args.command == "check-env" and not 1 <= args.episodes <= 10**4:
+            raise ValueError(f"--episodes {args.episodes}: must be in [1, 10000]")
         elif args.command in ("demo", "train", "compare"):
             cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config) if hasattr(args, f.name)}))
         if args.command == "compare":
@@ -2433,6 +2910,10 @@ def main(argv=None):
             show(args.ckpt, args.n, args.failures, args.device, credit=args.credit, html_path=args.html)
         elif args.command == "play":
             play(args.env, args.seed, args.split)
+        elif args.command == "check-env":
+            sys.exit(0 if check_env_command(args.env, args.episodes) else 1)
+        elif args.command == "new-env":
+            new_env(args.name, args.out)
         elif args.command == "compare":
             compare(cfg, seeds, algos, args.out)
         elif args.command == "bench":

@@ -1,11 +1,10 @@
 """Bundled text environments for agentic-rl: flight booking, code repair, and a vault.
 
 Three real `gymnasium.Env`s with text observation and action spaces, registered on `import envs`.
-They know nothing about the learner (this file never imports `agentic_rl`). Each environment class
-tells a host what it needs as class attributes: `words` (every word an observation or a valid action
-can contain, so one word = one token), `tool_schema` and `argument_words` (what a well-formed call
-looks like), `Demonstrator` (a scripted teacher with a documented bad habit) and `evaluate_episode`
-(an independent evaluator that reads the final state and never calls the reward function).
+They know nothing about the learner (this file never imports `agentic_rl`). What every environment
+provides, and what a host may rely on, is written once: `TextToolEnv`'s docstring, the chapter's
+environment contract. Your own environment is a subclass in a module of its own (`--env MODULE:CLASS`);
+`python agentic_rl.py new-env NAME` writes the smallest complete one and `check-env` checks it.
 
     AgenticRL/FlightBooking-v0   the chapter's example: search, filter, check seats, book (side effect)
     AgenticRL/CodeRepair-v0      the chapter's code agent: test, read the spec, edit, re-test, commit
@@ -28,23 +27,6 @@ reward 1):
     obs   booked F1 chen business 3 left      (terminated=True, reward=1.0)
 
 Each class docstring gives its tools, a worked episode and its train/holdout rule.
-
-Rules every environment here follows (Gymnasium's contract for text environments):
-- `reset(seed, options={"split": "train"|"holdout", "task_id": k})` -> (obs, info) with `task_id`,
-  `env_version`, `reward_version`, `split`, `max_turns`, `budget` and `task` (what the host knows of
-  the request, never the answer). Task content is a pure function of `task_id`; the same seed gives
-  the same task. Train and holdout tasks are disjoint by a rule stated in each class docstring.
-- The turn budget is part of the task, and the agent can see it: every observation ends with the
-  turns left (`... 5 left`), one number = one word. Nothing is paid after it, so running out is not
-  a cut from outside (Gymnasium's "Handling Time Limits"; Pardo et al. 2018, "Time Limits in
-  Reinforcement Learning"): a learner should give it no value beyond its end.
-- `step(action)` -> the Gymnasium 5-tuple; `info` has a tool `receipt`, a `cost` (simulated credits),
-  `invalid` and `process_reward` (a rule-based step verifier, reported next to the outcome reward).
-  `terminated` when the task reaches an end state; `truncated` when the budget ran out without one.
-  A malformed action never raises: it gets an `error : ...` observation, reward 0, `invalid=True`.
-  A call the host refuses (its permission gate) is answered by `refuse(reason)`: nothing executes,
-  but the turn is spent, so the clock the agent sees stays true.
-- Reward 1.0 only when the environment's own state shows the job done, else 0. No shaping.
 """
 from __future__ import annotations
 
@@ -63,6 +45,7 @@ ENV_ID = FLIGHT_ID  # the default task
 # Gymnasium's default Text charset has no space and min_length defaults to 1: spell both out.
 CHARSET = string.ascii_letters + string.digits + " :;.,_-"
 MAX_TURNS = 40                                                 # the clock can say 0..40 turns left
+MAX_DRAWS = 10_000  # reset draws at most this many task ids looking for one of the asked split
 CLOCK_WORDS = ("left",) + tuple(str(n) for n in range(MAX_TURNS + 1))
 
 
@@ -107,17 +90,74 @@ def parse_action(text, tool_schema, argument_words):
 
 
 class TextToolEnv(gym.Env):
-    """The contract shared by the three environments: text spaces, split-aware reset, a turn budget,
-    malformed actions answered (never raised), one `_tool_<name>` method per tool."""
+    """The environment contract (the chapter's section 01), written once: what a task provides so that the learner
+    (agentic_rl.py) can train on it, gate it and judge it. `python agentic_rl.py check-env MODULE:CLASS` checks it by
+    playing; `python agentic_rl.py new-env NAME` writes the smallest complete subclass (README: "Your own environment").
+
+    Class attributes, read by a host before any episode:
+        env_version, reward_version   non-empty strings: change one when the task or its verifier changes (a
+                         checkpoint records both; one trained on other versions is refused)
+        tool_schema      {tool: (kind, ...)}: each tool's argument kinds, in order. Each tool is a method
+                         `_tool_<name>(*args) -> (observation text, terminated)` that changes the state
+        argument_words   {kind: (word, ...)}: the closed set of words each kind allows (the host's gate checks it)
+        tool_cost        {tool: credits}: the simulated price of one executed call (the report card's cost per
+                         solved task, a release gate), never a reward term
+        words            every word an observation or a valid action can hold, CLOCK_WORDS included: the policy's
+                         vocabulary is built from it (one word = one token), so a word missing here reads as <unk>
+        max_obs_words    the longest observation in words, the clock included: the host keeps that much room
+                         free in its context window (block_size) before it lets an episode go on
+        max_turns        the default turn budget, in [2, MAX_TURNS]; an instance's own once constructed
+        safety_rules     every name permission_rule can return. The host says it to the agent ("denied : <rule>",
+                         so each is a word of the vocabulary) and counts its denials; at the release gates a
+                         candidate with more safety denials than the incumbent is not promoted
+        warm_start_epochs  passes over the demonstrations that imitation needs here (a learner's default, 4)
+        Demonstrator     the scripted teacher of the warm start: Demonstrator(habit, seed) with .reset(first
+                         observation) and .act(observation) -> action text, reading only what the policy reads.
+                         With habit 0 it solves (nearly) every task: imitation starts from it. `habit` is the
+                         probability of one documented bad habit that costs the outcome, not safety, and that
+                         only the outcome tells apart from the right behaviour (booking without checking seats):
+                         imitation copies it, and it is what RL on this environment should be seen to fix
+        evaluate_episode staticmethod(env) -> Verdict: the independent evaluator. It re-derives the answer from the
+                         final state (env.unwrapped.state) with code of its own and never calls reward(), so a
+                         bug in the verifier that trained the policy is not repeated by the judge: success, the
+                         side effects executed (unauthorized ones: any the task did not allow; repeated ones) and
+                         the task's category (success per category is a release gate)
+
+    Methods a subclass writes (the base calls them; check-env checks each promise by playing):
+        make_task(task_id)     the task, a pure function of task_id (draw from np.random.default_rng(task_id))
+        split_of(task)         "train" or "holdout": the split rule, a pure function of the task, both splits
+                               non-empty. Training draws train tasks only (reset's sampling; the learner's store
+                               refuses any other), and report cards judge holdout tasks alone
+        new_state(task)        the episode's mutable state; the base reads and writes three of its fields: turns
+                               (calls so far, 0 at reset), finished (an end state reached) and last_tool ("")
+        prompt(task)           the first observation's text (the base appends the clock)
+        host_view(task)        what a host may know of the request, never the answer: the gate's rules read it
+        reward()               the training verifier: in [0, 1], read from the state, paid on the step that ends
+                               the episode and 0 on every other step
+        permission_rule        staticmethod(task, executed, tool, args) -> a rule of safety_rules, or None (below)
+        process_rule           optional: a rule-based step verifier, reported apart from the outcome (below)
+
+    What the base provides: reset(seed, options={"split", "task_id"}) -> (observation, info with task_id,
+    env_version, reward_version, split, task = host_view, max_turns, budget); step(action) -> the Gymnasium 5-tuple,
+    info with a tool receipt, cost, invalid and process_reward; refuse(rule), how a host's denial spends a turn.
+    The clock is part of the task: every observation ends with the turns left ("... 5 left"), and running out
+    of turns is `truncated` (the turn_budget cut: nothing is paid after it, so a learner gives it no value
+    beyond its end; Gymnasium's "Handling Time Limits", Pardo et al. 2018). `terminated` is an end state. A
+    malformed action is answered "error : ..." and flagged invalid, never raised; after the end nothing executes.
+    """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
     env_version = reward_version = ""
     tool_schema: dict = {}     # tool -> kinds of its arguments, in order
     argument_words: dict = {}  # kind -> allowed words
     tool_cost: dict = {}       # tool -> simulated credits per call
-    words: tuple = ()          # every word an observation can hold (the clock words included)
+    words: tuple = ()          # every word an observation or a valid action can hold (the clock words included)
     max_obs_words: int = 0     # the longest observation, in words (the clock included): a host reserves room for it
+    max_turns: int = 8         # the default turn budget
     safety_rules: tuple = ()   # the names permission_rule can return (a host says them: "denied : <rule>")
+    warm_start_epochs: int = 4  # passes over the demonstrations that imitation needs
+    Demonstrator = None        # the scripted teacher (a class: Demonstrator(habit, seed), .reset(obs), .act(obs))
+    evaluate_episode = None    # the independent evaluator: staticmethod(env) -> Verdict
 
     @staticmethod
     def permission_rule(task: dict, executed: list, tool: str, args: list):
@@ -127,8 +167,9 @@ class TextToolEnv(gym.Env):
         with the environment they protect, so a subclass inherits them."""
         return None
 
-    def __init__(self, max_turns: int, render_mode: str | None = None, tool_latency_ms: float = 0.0,
+    def __init__(self, max_turns: int | None = None, render_mode: str | None = None, tool_latency_ms: float = 0.0,
                  show_clock: bool = True):
+        max_turns = type(self).max_turns if max_turns is None else max_turns
         if not isinstance(max_turns, (int, np.integer)) or isinstance(max_turns, bool) or \
                 not 2 <= max_turns <= MAX_TURNS:
             raise ValueError(f"max_turns={max_turns!r}: must be an int in [2, {MAX_TURNS}] (check_env forbids "
@@ -165,10 +206,15 @@ class TextToolEnv(gym.Env):
         if task_id is not None and (not isinstance(task_id, (int, np.integer)) or not 0 <= task_id < 1_000_000):
             raise ValueError(f"options['task_id']={task_id!r}: must be an int in [0, 1000000)")
         task = None if task_id is None else self.make_task(int(task_id))
-        while task is None:  # rejection-sample a task id from the requested split
+        for _ in range(0 if task is not None else MAX_DRAWS):  # rejection-sample a task id from the requested split
             candidate = int(self.np_random.integers(0, 1_000_000))
             task = self.make_task(candidate)
             task_id, task = (candidate, task) if self.split_of(task) == split else (None, None)
+            if task is not None:
+                break
+        if task is None:
+            raise ValueError(f"{type(self).__name__}: no {split} task in {MAX_DRAWS} drawn task ids; split_of must "
+                             "say 'train' for some tasks and 'holdout' for others")
         if "split" in options and self.split_of(task) != split:
             raise ValueError(f"options: task_id {task_id} is a {self.split_of(task)} task, not {split}")
         self.episode_count += 1
@@ -460,6 +506,7 @@ class FlightBookingEnv(TextToolEnv):
         + list(CITIES + PASSENGERS + CLASSES + FLIGHT_NUMBERS + MORNING_HOURS + LATER_HOURS + PRICES)
         + [str(n) for n in range(1, 5)] + list(CLOCK_WORDS)))
     max_obs_words = 32
+    max_turns = 8                                                        # a trip: 6 per leg + 2
     Demonstrator = FlightDemonstrator
     evaluate_episode = staticmethod(evaluate_flight_episode)
     safety_rules = ("wrong_passenger", "wrong_class", "second_booking")
@@ -741,6 +788,8 @@ class CodeRepairEnv(TextToolEnv):
         "without removed error unknown action use show test spec edit rm finish episode over".split()
         + list(LINES + OPS + CONSTANTS) + [str(v) for v in range(-180, 649)] + list(CLOCK_WORDS)))  # every
     max_obs_words = 16                                                   # value a test can print, the clock
+    max_turns = 10
+    warm_start_epochs = 8                                                # copying line, op and constant takes longer
     Demonstrator = CodeDemonstrator
     evaluate_episode = staticmethod(evaluate_code_episode)
     safety_rules = ("tests_read_only",)
@@ -750,7 +799,7 @@ class CodeRepairEnv(TextToolEnv):
         """The tests are read-only: `rm tests` is tampering with the evaluator, whatever a verifier pays."""
         return "tests_read_only" if tool == "rm" else None
 
-    def __init__(self, max_turns: int = 10, verifier: str = "state", render_mode: str | None = None,
+    def __init__(self, max_turns: int | None = None, verifier: str = "state", render_mode: str | None = None,
                  tool_latency_ms: float = 0.0, max_bugs: int = 2, show_clock: bool = True):
         super().__init__(max_turns, render_mode, tool_latency_ms, show_clock)
         if max_bugs not in (1, 2, 3):
@@ -919,6 +968,7 @@ class VaultEnv(TextToolEnv):
         "task : open the vault . code in to is low high right alarm status locked debug finished without "
         "opening error unknown action use probe finish episode over".split() + list(CODES) + list(CLOCK_WORDS)))
     max_obs_words = 14
+    max_turns = 6
     Demonstrator = VaultDemonstrator
     evaluate_episode = staticmethod(evaluate_vault_episode)
     safety_rules = ("open_unprobed",)
@@ -932,7 +982,7 @@ class VaultEnv(TextToolEnv):
         # END SOLUTION permission_rule
         return None
 
-    def __init__(self, max_turns: int = 6, leaky: bool = False, render_mode: str | None = None,
+    def __init__(self, max_turns: int | None = None, leaky: bool = False, render_mode: str | None = None,
                  tool_latency_ms: float = 0.0, show_clock: bool = True):
         super().__init__(max_turns, render_mode, tool_latency_ms, show_clock)
         self.leaky = leaky
@@ -988,6 +1038,172 @@ class VaultEnv(TextToolEnv):
 
 
 gym.register(id=FLIGHT_ID, entry_point=FlightBookingEnv)
-gym.register(id=CODE_ID, entry_point=CodeRepairEnv, kwargs={"max_turns": 10})
-gym.register(id=VAULT_ID, entry_point=VaultEnv, kwargs={"max_turns": 6})
-ENV_IDS = (FLIGHT_ID, CODE_ID, VAULT_ID)
+gym.register(id=CODE_ID, entry_point=CodeRepairEnv)
+gym.register(id=VAULT_ID, entry_point=VaultEnv)
+ENV_IDS = (FLIGHT_ID, CODE_ID, VAULT_ID)  # the bundled ones; any TextToolEnv subclass is a task (--env MODULE:CLASS)
+
+
+# ==============================================================================================
+# The smallest complete environment, as text: `python agentic_rl.py new-env NAME` writes it to NAME.py
+# ==============================================================================================
+TEMPLATE = '''"""A lending desk: lend the asked book to the asked reader, from a shelf whose copy is not damaged.
+
+The smallest complete environment for agentic-rl (`python agentic_rl.py new-env library` wrote it). What each
+part is for: TextToolEnv's docstring in envs.py, the contract. Check it, then train on it:
+
+    python agentic_rl.py check-env library:LibraryEnv
+    python agentic_rl.py train --env library:LibraryEnv
+
+A worked episode (task 2; reward 1). Which shelves hold the book, and which copies are damaged, is hidden:
+
+    obs   user : lend beloved to ben 6 left
+    act   find beloved
+    obs   beloved on s1 s2 5 left
+    act   check s1
+    obs   s1 beloved damaged 4 left
+    act   check s2
+    obs   s2 beloved good 3 left
+    act   lend beloved s2 ben
+    obs   lent beloved from s2 to ben 2 left      (terminated=True, reward=1.0)
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from envs import CLOCK_WORDS, TextToolEnv, Verdict, without_clock
+
+BOOKS = ("dune", "emma", "hamlet", "ulysses", "walden", "beloved")
+READERS = ("ana", "ben", "chen", "dara")
+SHELVES = ("s1", "s2", "s3")
+
+
+def draw_task(task_id: int) -> tuple:
+    """(task_id, book, reader, shelves holding a copy in catalogue order, shelves whose copy is damaged): a pure
+    function of task_id. The last listed copy is always good, so every task can be solved."""
+    rng = np.random.default_rng(task_id)
+    book, reader = str(rng.choice(BOOKS)), str(rng.choice(READERS))
+    shelves = [str(s) for s in rng.choice(SHELVES, size=int(rng.integers(2, 4)), replace=False)]
+    damaged = {s for s in shelves[:-1] if rng.random() < 0.5}
+    return task_id, book, reader, shelves, damaged
+
+
+@dataclass
+class LibraryState:
+    task_id: int
+    book: str
+    reader: str
+    shelves: list
+    damaged: set
+    lent: list = field(default_factory=list)  # (book, shelf, reader) of each lending: the side effects
+    turns: int = 0                            # turns, finished and last_tool: read and written by TextToolEnv
+    finished: bool = False
+    last_tool: str = ""
+
+
+def evaluate_lending(env) -> Verdict:
+    """Independent evaluator: the task again from its id, judged with code of its own (never reward()). Success:
+    exactly one copy lent, of the asked book, from a shelf whose copy is good, to the asked reader."""
+    state = env.unwrapped.state
+    _, book, reader, shelves, damaged = draw_task(state.task_id)
+    good = [(book, shelf, reader) for shelf in shelves if shelf not in damaged]
+    success = state.finished and len(state.lent) == 1 and state.lent[0] in good
+    unauthorized = sum(r != reader for _, _, r in state.lent)  # the gate must keep this 0
+    return Verdict(bool(success), len(state.lent), unauthorized, max(0, len(state.lent) - 1),
+                   "first_damaged" if shelves[0] in damaged else "first_good")
+
+
+class Librarian:
+    """The demonstrator: reads only the observations. Bad habit (probability `habit` per episode): it lends the
+    first listed copy without checking it, so it fails whenever that copy is damaged (about half the tasks)."""
+
+    def __init__(self, habit: float = 0.6, seed: int | None = None):
+        self.habit, self.rng = habit, np.random.default_rng(seed)
+
+    def reset(self, first_obs: str):
+        words = without_clock(first_obs).split()  # user : lend BOOK to READER
+        self.book, self.reader, self.shelves = words[3], words[5], []
+        self.blind = self.rng.random() < self.habit
+
+    def act(self, obs: str) -> str:
+        words = without_clock(obs).split()
+        if words[0] == "user":
+            return f"find {self.book}"
+        if words[1:2] == ["on"]:  # BOOK on s2 s1
+            self.shelves = words[2:]
+            return f"lend {self.book} {self.shelves[0]} {self.reader}" if self.blind else f"check {self.shelves[0]}"
+        if words[-1] == "good":   # s1 BOOK good
+            return f"lend {self.book} {words[0]} {self.reader}"
+        if words[-1] == "damaged" and words[0] != self.shelves[-1]:
+            return f"check {self.shelves[self.shelves.index(words[0]) + 1]}"
+        return "finish"
+
+
+class LibraryEnv(TextToolEnv):
+    """Lend the asked book to the asked reader from a shelf whose copy is good (a worked episode: the module docstring).
+
+        find <BOOK>                    the shelves that hold a copy (hidden until asked)
+        check <SHELF>                  whether that shelf's copy is good or damaged (hidden until checked)
+        lend <BOOK> <SHELF> <READER>   irreversible: ends the episode; the gate allows only the asking reader
+        finish                         give up; ends the episode
+
+    Reward 1 iff one good copy of the book was lent to the reader. Budget: 6 turns. Split: task ids divisible
+    by 5 are held out (fresh tasks of the same kind; books and readers all appear in training, since a tiny
+    policy cannot say a word it never said)."""
+    env_version, reward_version = "library-1", "library-state-1"
+    tool_schema = {"find": ("book",), "check": ("shelf",), "lend": ("book", "shelf", "reader"), "finish": ()}
+    argument_words = {"book": BOOKS, "shelf": SHELVES, "reader": READERS}
+    tool_cost = {"find": 1.0, "check": 0.5, "lend": 2.0, "finish": 0.0}
+    words = tuple(dict.fromkeys("user : lend to on no copy good damaged lent from nothing finished without lending "
+                                "error unknown action . use find check finish episode over".split()
+                                + list(BOOKS + READERS + SHELVES + CLOCK_WORDS)))
+    max_obs_words = 12  # the longest: "error : unknown action . use find check lend finish 5 left"
+    max_turns = 6
+    safety_rules = ("wrong_reader",)
+    Demonstrator = Librarian
+    evaluate_episode = staticmethod(evaluate_lending)
+
+    @staticmethod
+    def permission_rule(task, executed, tool, args):
+        """Lend only to the reader who asked."""
+        return "wrong_reader" if tool == "lend" and args[2] != task["reader"] else None
+
+    def make_task(self, task_id):
+        return draw_task(task_id)
+
+    def split_of(self, task):
+        return "holdout" if task[0] % 5 == 0 else "train"
+
+    def new_state(self, task):
+        return LibraryState(*task)
+
+    def prompt(self, task):
+        return f"user : lend {task[1]} to {task[2]}"
+
+    def host_view(self, task):
+        return {"book": task[1], "reader": task[2]}
+
+    def reward(self):  # the training verifier, read from the state
+        s = self.state
+        book, shelf, reader = s.lent[0] if len(s.lent) == 1 else ("", "", "")
+        return float(book == s.book and reader == s.reader and shelf in s.shelves and shelf not in s.damaged)
+
+    def _tool_find(self, book):
+        s = self.state
+        return (f"{book} on " + " ".join(s.shelves) if book == s.book else f"{book} : no copy"), False
+
+    def _tool_check(self, shelf):
+        s = self.state
+        if shelf not in s.shelves:
+            return f"{shelf} : no copy", False
+        return f"{shelf} {s.book} {'damaged' if shelf in s.damaged else 'good'}", False
+
+    def _tool_lend(self, book, shelf, reader):
+        s = self.state
+        if book != s.book or shelf not in s.shelves:
+            return f"nothing lent : no copy on {shelf}", True
+        s.lent.append((book, shelf, reader))
+        return f"lent {book} from {shelf} to {reader}", True
+
+    def _tool_finish(self):
+        return "finished without lending", True
+'''

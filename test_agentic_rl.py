@@ -9,6 +9,7 @@ live in course/; the grader runs the homework checks below as they are written h
 # else of this file: course/lesson.py)
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -322,7 +323,7 @@ def test_a_trip_needs_twelve_decisions_and_each_leg_its_own_check():
                                                    (envs.CODE_ID, 850624, envs.CodeRepairEnv.__doc__),
                                                    (envs.VAULT_ID, 473188, envs.VaultEnv.__doc__)])
 def test_docstring_worked_episodes_are_real_transcripts(env_id, task_id, doc):
-    env = gym.make(env_id)                                           # the default settings, injection included
+    env = A.make_env(A.Config(env=env_id))                           # the default settings, injection included
     obs, _ = env.reset(seed=0, options={"task_id": task_id})
     demo = A.env_class(env_id).Demonstrator(0.0, seed=0)
     demo.reset(obs)
@@ -654,6 +655,21 @@ def test_worked_examples_exactly():
     assert ex["grpo_advantages"] == pytest.approx([1, -1, -1, 1], abs=1e-4)
 
 
+def test_part_one_opens_with_its_worked_episode_and_marks_every_definition_first_or_second_reading():
+    source = Path(A.__file__).read_text()
+    part_one = source[source.index("# PART I · THE LOOP"):source.index("# PART II · THE SYSTEM")]
+    ex = A.worked_examples()
+    assert "".join(f"#     {line}\n" for line in ex["episode"]) in part_one, "the record is what examples computes"
+    assert ex["episode"][-2].startswith("terminated after 5 turns, reward 1; pack: 18 of its 100 tokens")
+    lines, untagged = part_one.split("\n"), []
+    for i, line in enumerate(lines):
+        if re.match(r"(def|class) ", line):
+            above = next(lines[j] for j in range(i - 1, 0, -1) if not lines[j].startswith("@"))
+            untagged += [] if re.match(r"# (first|second) reading\b", above) else [line]
+    assert not untagged, f"Part I definitions without '# first reading' or '# second reading' above: {untagged}"
+    assert "# first reading" in part_one.split("def train(")[0][-200:], "the loop itself is on the first reading"
+
+
 def test_sampled_logprobs_match_a_full_forward_recompute():
     A.seed_everything(1)
     cfg = tiny_config()
@@ -702,7 +718,7 @@ def test_step_group_advantages_hand_built_group():
 
 
 def test_stepgroup_credits_the_turn_where_a_shared_state_diverges():
-    grpo_vs_step = A.worked_group()                 # [episode][turn] = (action, grpo, stepgroup)
+    grpo_vs_step = A.worked_group()[0]              # [episode][turn] = (action, grpo, stepgroup)
     assert [[g for _, g, _ in ep] for ep in grpo_vs_step] == [[1.0] * 5, [-1.0] * 3, [-1.0] * 4, [1.0] * 5]
     blind = grpo_vs_step[2][3]                         # booking F4 after "F4 : sold out next F1"
     assert blind[0] == "book F4 chen business" and blind[2] == pytest.approx(-1 - math.sqrt(2), abs=1e-3)
@@ -887,7 +903,7 @@ def test_each_environment_has_its_own_warm_start_length():
     cfg = tiny_config(env=envs.CODE_ID, warm_start_episodes=4)
     policy = A.make_policy(cfg, len(A.make_tokenizer(envs.CODE_ID)), "cpu")
     assert A.warm_start(policy, A.make_tokenizer(envs.CODE_ID), cfg, "cpu", progress=False)["epochs"] == 8
-    assert A.SFT_EPOCHS[envs.FLIGHT_ID] == 4 and A.Config().sft_epochs == 0
+    assert envs.FlightBookingEnv.warm_start_epochs == 4 and A.Config().sft_epochs == 0
 
 
 def one_iteration(policy, opt, cfg, store=None, version=0):
@@ -1634,7 +1650,7 @@ def test_hw(exercise, name, check_fn, hidden):
 def test_config_is_checked():
     for bad, match in [(dict(lr=float("inf")), "finite"), (dict(kl_coef=float("nan")), "finite"),
                        (dict(eval_seed=-1), "eval_seed"), (dict(gamma=0.9), "only used with algo"),
-                       (dict(env=envs.VAULT_ID, injection_rate=0.5), "only used with env"),
+                       (dict(env=envs.VAULT_ID, injection_rate=0.5), "Vault-v0 takes no `injection_rate`"),
                        (dict(iterations=2.5), "iterations"), (dict(max_turns=1), "max_turns")]:
         with pytest.raises(ValueError, match=match):
             A.validate_config(tiny_config(**bad))
@@ -1672,13 +1688,16 @@ def test_settings_that_would_fail_late_are_refused_up_front(tmp_path):
 
 
 def test_the_last_loose_refusals_name_what_is_wrong(tmp_path, capsys):
-    for mutate, match in [(lambda ep: setattr(ep, "env_id", "NotAnEnv"), "env_id 'NotAnEnv'"),
+    for mutate, match in [(lambda ep: setattr(ep, "env_id", "NotAnEnv"), "env_id 'NotAnEnv', but this store holds"),
                           (lambda ep: setattr(ep, "split", "test"), "split 'test'"),
-                          (lambda ep: ep.turns[0].action_tokens.__setitem__(0, 10**9), "vocabulary")]:
+                          (lambda ep: ep.turns[0].action_tokens.__setitem__(0, 10**9), "vocabulary"),
+                          (lambda ep: setattr(ep.turns[0], "reward", -1.0), "FlightBooking-v0.* reward -1.0")]:
+        store = A.TrajectoryStore(0, len(TOK))
+        store.add(make_episode("first"), current_version=0)   # the store now holds FlightBooking's episodes
         ep = make_episode("odd")
         mutate(ep)
         with pytest.raises(ValueError, match=match):
-            A.TrajectoryStore(0, len(TOK)).add(ep, current_version=0)
+            store.add(ep, current_version=0)
     for args, match in [(("1", len(TOK)), "max_staleness='1'"), ((float("nan"), len(TOK)), "max_staleness=nan"),
                         ((0, None), "vocab_size=None"), ((-1, len(TOK)), "max_staleness=-1")]:
         with pytest.raises(ValueError, match=match):
@@ -1710,6 +1729,140 @@ def test_evaluation_settings_never_change_the_training_run(tmp_path, capsys):
         _, metrics = small_run(tmp_path, f"k{k}", pass_k=k, warm_start_episodes=30, sft_epochs=1)
         curves.append([{key: v for key, v in m.items() if "second" not in key} for m in metrics])
     assert curves[0] == curves[1]
+
+
+# ------------------------------------------------------------------------------------------------
+# Your own environment: --env MODULE:CLASS with no edit of the project, the contract checked (check-env)
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def own_env(tmp_path, monkeypatch):
+    """new-env's lending desk, written to a folder of its own that becomes the working directory: `library` there,
+    importable as `--env library:LibraryEnv` (sys.path is restored afterwards, and the test's own modules forgotten)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    A.resolve_env.cache_clear()                        # --env strings resolve once per process: forget this test's
+    A.new_env("library")
+    yield tmp_path
+    A.resolve_env.cache_clear()
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", "")).startswith(str(tmp_path)) or name.startswith(("broken_", "plain_env")):
+            del sys.modules[name]
+
+
+def test_an_environment_in_its_own_file_checks_trains_evaluates_shows_and_resumes_with_no_edit(own_env, monkeypatch,
+                                                                                              capsys):
+    before = {f: Path(A.__file__).with_name(f).read_bytes() for f in ("agentic_rl.py", "envs.py")}
+    assert A.check_env_command("library:LibraryEnv", episodes=20)
+    out = capsys.readouterr().out
+    assert "all rules hold" in out and "FAIL" not in out and "habit 0 1.000" in out
+    cfg = tiny_config(env="library:LibraryEnv", iterations=2, warm_start_episodes=40, sft_epochs=1, eval_episodes=8,
+                      pass_k_tasks=2, run_dir="runs/lib")
+    interrupted_run(monkeypatch, 2, cfg)                                      # Ctrl-C in iteration 2
+    A.main(["train", "--resume", "runs/lib"])
+    summary = json.loads(Path("runs/lib/summary.json").read_text())
+    assert (summary["env"], summary["env_version"], summary["reward_version"]) == \
+        ("library:LibraryEnv", "library-1", "library-state-1") and len(summary["train_success_curve"]) == 2
+    capsys.readouterr()
+    A.main(["eval", "--ckpt", "runs/lib/final.pt", "--eval-episodes", "4", "--pass-k-tasks", "1"])
+    assert json.loads(capsys.readouterr().out)["categories"].keys() <= {"first_good", "first_damaged"}
+    A.main(["show", "--ckpt", "runs/lib/final.pt", "--n", "1"])
+    assert "=== test task" in capsys.readouterr().out
+    A.play("library:LibraryEnv", stream=iter(["find dune"]))
+    assert "library:LibraryEnv task" in capsys.readouterr().out
+    assert {f: Path(A.__file__).with_name(f).read_bytes() for f in before} == before, "nothing in the project edited"
+    from course.sandbox import project_imports       # the course's grader imports what the project's two files import
+    assert "library" not in project_imports(), "an environment of one's own never reaches the course's sandbox"
+    sys.modules.pop("library")                                                # a later session, the module elsewhere:
+    A.resolve_env.cache_clear()
+    sys.path[:] = [folder for folder in sys.path if folder != os.getcwd()]
+    monkeypatch.chdir(own_env.parent)
+    with pytest.raises(SystemExit):
+        A.main(["eval", "--ckpt", str(own_env / "runs/lib/final.pt")])
+    assert "env='library:LibraryEnv': no module named 'library' (working directory " in capsys.readouterr().err
+
+
+def broken(name: str, base, **changes):
+    """A subclass of `base` with one mistake (class attributes or methods), in a module of its own: MODULE:CLASS."""
+    module = type(sys)(f"broken_{name}")
+    setattr(module, "Env", type("Env", (base,), changes))
+    sys.modules[module.__name__] = module
+    return f"{module.__name__}:Env"
+
+
+def test_train_names_each_mistake_of_an_environment_before_it_builds_anything(own_env):
+    library = A.import_env_module("library", "library:LibraryEnv")  # from the working directory
+    lib = library.LibraryEnv
+
+    def lend_damaged_pays_minus_one(self):
+        return -1.0 if self.state.lent and self.state.lent[0][1] in self.state.damaged else lib.reward(self)
+
+    def judge_by_the_reward(env):
+        return envs.Verdict(env.unwrapped.reward() == 1.0, 0, 0, 0, "")
+
+    def no_clock(self, text):
+        return text
+    mistakes = {  # what is wrong -> what the refusal must name
+        "a rule not declared": (dict(safety_rules=(), permission_rule=staticmethod(
+            lambda task, executed, tool, args: "wrong_reader" if tool == "lend" and args[2] != task["reader"] else None)),
+            "permission_rule returned 'wrong_reader', which is not in its safety_rules"),
+        "a word missing": (dict(words=tuple(w for w in lib.words if w != "damaged")), "the word 'damaged' \\(in the "
+                                                                                    "observation '.* damaged .* left'"),
+        "max_obs_words too small": (dict(max_obs_words=5), "has [0-9]+ words, above max_obs_words=5"),
+        "a reward of -1": (dict(reward=lend_damaged_pays_minus_one), "reward -1.0 after 'lend "),
+        "no demonstrator": (dict(Demonstrator=None), "Env.Demonstrator = None: set a class Demonstrator"),
+        "an evaluator that reads the reward": (dict(evaluate_episode=staticmethod(judge_by_the_reward)),
+                                               "evaluate_episode calls reward\\(\\)"),
+        "a task drawn from the env's generator": (dict(make_task=lambda self, task_id: library.draw_task(
+            int(self.np_random.integers(10**6)))), "make_task and split_of must be pure functions of task_id"),
+        "a split drawn from the env's generator": (dict(split_of=lambda self, task: ("train", "holdout")[
+            int(self.np_random.random() < 0.2)]), "make_task and split_of must be pure functions of task_id"),
+        "no holdout task": (dict(split_of=lambda self, task: "train"), "split_of gave {'train': "),
+        "no clock": (dict(_with_clock=no_clock), "does not end with the turns left"),
+        "a tool without its method": (dict(tool_schema={**lib.tool_schema, "renew": ("book",)}),
+                                      "tool 'renew' has no method _tool_renew"),
+        "a tool that raises": (dict(_tool_find=lambda self, book: 1 / 0), "raised ZeroDivisionError: division by zero "
+                                                                        "\\(test_agentic_rl.py line [0-9]+"),
+    }
+    for mistake, (changes, named) in mistakes.items():
+        env = broken(mistake.replace(" ", "_").replace("'", ""), lib, **changes)
+        cfg = tiny_config(env=env, run_dir=f"runs/{mistake.replace(' ', '_')}", warm_start_episodes=20)
+        with pytest.raises(ValueError, match=named):
+            A.train(cfg, progress=False)
+        assert not Path(cfg.run_dir).exists(), f"{mistake}: refused before its run directory was made"
+
+
+def test_what_is_not_a_text_tool_environment_is_refused_by_one_sentence(own_env, capsys):
+    class Plain(gym.Env):
+        observation_space = action_space = gym.spaces.Discrete(2)
+    sys.modules["plain_env"] = type(sys)("plain_env")
+    sys.modules["plain_env"].Plain, sys.modules["plain_env"].make = Plain, lambda: Plain()
+    for env, named in [("plain_env:Plain", "Plain is a gymnasium.Env but not an envs.TextToolEnv: subclass "
+                                           "envs.TextToolEnv"),
+                       ("plain_env:make", "make is not an environment class"),
+                       ("plain_env:Nothing", "module plain_env has no class or registered id 'Nothing'"),
+                       ("FxQuote-v0", "no gymnasium id of that name; use a registered one \\(AgenticRL/CodeRepair-v0, "
+                                      "AgenticRL/FlightBooking-v0, AgenticRL/Vault-v0.*\\) or MODULE:CLASS"),
+                       ("no_such_module:Env", "no module named 'no_such_module'")]:
+        with pytest.raises(SystemExit) as refusal:
+            A.main(["train", "--env", env])
+        assert refusal.value.code == 2 and re.search(named, capsys.readouterr().err)
+    gym.register("LendingDesk-v0", entry_point="library:LibraryEnv")  # a gymnasium id: MODULE:ID imports MODULE
+    try:
+        assert A.env_class("library:LendingDesk-v0").__name__ == "LibraryEnv"
+        assert A.validate_config(tiny_config(env="LendingDesk-v0")).env == "LendingDesk-v0"
+    finally:
+        gym.registry.pop("LendingDesk-v0")
+    with pytest.raises(ValueError, match="library:LibraryEnv takes no `injection_rate` .*drop --injection-rate"):
+        A.validate_config(tiny_config(env="library:LibraryEnv", injection_rate=0.5))
+
+
+def test_new_env_writes_a_real_worked_episode_and_refuses_a_bad_name(own_env):
+    library = A.import_env_module("library", "library:LibraryEnv")  # from the working directory
+    test_docstring_worked_episodes_are_real_transcripts("library:LibraryEnv", 2, library.__doc__)
+    for name, named in [("Quote", "lowercase"), ("my-env", "a module name"), ("library", "exists")]:
+        with pytest.raises(ValueError, match=named):
+            A.new_env(name)
+    assert "class MyQuoteEnv(TextToolEnv)" in A.new_env("my_quote").read_text()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -2004,6 +2157,24 @@ def test_show_prints_what_there_is_when_no_episode_succeeds(tmp_path, capsys):
         A.show(str(tmp_path / "p.pt"), n=0)
 
 
+def test_show_refuses_a_critics_advantages_from_a_value_head_never_trained_and_judges_without_outside_cuts(
+        tmp_path, capsys, monkeypatch):
+    cfg = tiny_config(group_size=2)
+    policy = A.make_policy(cfg, len(TOK), "cpu")
+    for algo, version, credit in [("grpo", 3, "gae"), ("grpo", 3, "reinforce"), ("gae", 0, ""), ("gae", 0, "gae")]:
+        A.save_checkpoint(tmp_path / "p.pt", policy, TOK, replace_cfg(cfg, algo=algo), version)
+        with pytest.raises(ValueError, match=f"{algo}, policy_version {version}\\) never trained it"):
+            A.show(str(tmp_path / "p.pt"), n=1, credit=credit)
+    A.save_checkpoint(tmp_path / "p.pt", policy, TOK, replace_cfg(cfg, algo="gae"), 2)   # after RL: its own critic
+    A.show(str(tmp_path / "p.pt"), n=1, credit="gae")
+    assert "advantage" in capsys.readouterr().out
+    seen, real = [], A.rollout          # show's and report.html's groups are judged as evaluate judges, with no cut
+    monkeypatch.setattr(A, "rollout", lambda policy, tok, cfg, *a, **k: seen.append(cfg.time_limit) or
+                        real(policy, tok, cfg, *a, **k))
+    next(A.held_out_groups(policy, TOK, replace_cfg(cfg, time_limit=3), 0, "test", 1))
+    assert seen == [0]
+
+
 def edited_copy(default_runs, tmp_path) -> Path:
     """A copy of the finished default run, to edit as an attacker or an accident would."""
     __import__("shutil").copytree(default_runs / "runs" / "flightbooking-grpo-s0", tmp_path / "run")
@@ -2148,7 +2319,9 @@ def check_report(run_dir, route_has_advantages=True):
         cells = [td["text"] for td in page.inside(row, "td")][2:]
         want = [reports[who][part][row["data-row"]] for part in ("dev", "test") for who in ("incumbent", "candidate")]
         assert cells == [f"{v:.3f}" if isinstance(v, float) else str(v) for v in want]
-    policy, tok, _, _ = A.load_checkpoint(run_dir / "final.pt", "cpu")
+    policy, tok, cfg, version = A.load_checkpoint(run_dir / "final.pt", "cpu")
+    if A.untrained_critic(cfg.algo, cfg.algo, version):  # a critic route rolled back: its value head never trained
+        route_has_advantages = False
     episodes = [e for e in page.elements if e["tag"] == "div" and e.get("class") == "episode"]
     assert len(episodes) == min(3, summary["config"]["group_size"])
     for ep in episodes:
@@ -2192,7 +2365,7 @@ def test_examples_html_draws_the_worked_mask_and_group(tmp_path, capsys):
     mask = [int(e["data-mask"]) for e in page.elements if "data-mask" in e]
     assert len(mask) == 180 and sum(mask) == 60
     chips = [(e["data-algo"], float(e["data-adv"])) for e in page.elements if "data-algo" in e]
-    assert chips == [(algo, a) for ep in A.worked_group() for _, g, s in ep for algo, a in (("grpo", g), ("stepgroup", s))]
+    assert chips == [(algo, a) for ep in A.worked_group()[0] for _, g, s in ep for algo, a in (("grpo", g), ("stepgroup", s))]
 
 
 def markup(where: str) -> str:

@@ -29,7 +29,7 @@ EXERCISES = {  # id -> (points, the stub's message: what to write, the formula, 
                            "when current_version - policy_version > max_staleness (equal is fine; add_all counts "
                            "stale episodes and goes on), checked last: a stale episode that breaks another rule is "
                            "refused for that rule. Raise ValueError for: a REQUIRED_FIELDS value that is None "
-                           "or ''; an env_id not in envs.ENV_IDS; a split other than 'train'; an episode_id seen "
+                           "or ''; a split other than 'train'; an episode_id seen "
                            "before (take() keeps the ids); policy versions (the episode's and every turn's) that "
                            "differ, or exceed current_version; per turn: action_logprobs without one entry per "
                            "action token; an ending (terminated or truncated) anywhere but on the last turn, a last "
