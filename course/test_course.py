@@ -24,10 +24,9 @@ from course.cli import main as course_main
 from course.conftest import (SECRET, SLOW_SANDBOX, course_command, course_here, demonstrations_as_made_up, fill,
                              installation, normalized, reference_answers)
 from course.exercises import EXERCISES, EXPERIMENTS, READ_BY_A_PERSON, SILENT_BUGS
-from course.audit import AUDIT_SECONDS, demonstrations_check, rerun, rerun_check
+from course.audit import AUDIT_SECONDS, rerun, rerun_check
 from course.grading import grade, run_check
-from course.report import (NOT_CHECKED, SUSPICIOUS, audited, exercises, gradescope_results, score, suspicious,
-                           unchecked)
+from course.report import SUSPICIOUS, audited, exercises, gradescope_results, score, suspicious
 from course.handouts import HANDOUT_FILES, answers_template, plant, solution_regions, write_handout
 from course.ids import MAKE_A_SECRET, SECRET_ENV, answer_key, hidden_seed_of, issued_to, new_handout
 from course.lesson import CLOCK_SETTINGS, README_SEEDS, run_record
@@ -123,7 +122,7 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
         scores[name] = json.loads((root / "results" / "results.json").read_text())
         if "lacks part of its sandbox" in scores[name]["output"]:      # the bundle grades with --require-isolation
             pytest.skip("this machine gives the workers less than the whole sandbox: the bundle refused to grade")
-    total = sum(points for points, _ in EXERCISES.values()) + sum(EXPERIMENTS.values())
+    total = sum(points for points, _ in EXERCISES.values())   # the experiments' points: pending (no audit here)
     assert scores["reference"]["score"] == pytest.approx(total) and scores["handout"]["score"] == 0
     for name, results in scores.items():                             # Gradescope's results.json format
         assert set(results) >= {"score", "execution_time", "output", "visibility", "stdout_visibility", "tests"}
@@ -134,9 +133,11 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
         assert staff["max_score"] == 0 and "sandbox: " in staff["output"] and "sandbox" not in results["output"]
         assert ("similarity to the public reference: 1.00" in staff["output"]) == (name == "reference"), staff
         for t in graded:
+            experiment = t["name"].split()[0] in EXPERIMENTS
             assert set(t) >= {"name", "score", "max_score", "number", "output", "visibility"}
             assert t["visibility"] in ("visible", "after_published")
-            assert (t["score"] == t["max_score"]) if name == "reference" else t["score"] == 0
+            assert (t["score"] == t["max_score"]) if name == "reference" and not experiment else t["score"] == 0
+            assert "pending review" in t["output"] if name == "reference" and experiment else "pending" not in t["output"]
             assert t["max_score"] == pytest.approx(0.5 * dict(EXERCISES, **{k: (v,) for k, v in EXPERIMENTS.items()})[
                 t["name"].split()[0]][0]), "visible and hidden checks carry half the points each"
     (root / "source" / "agentic_rl.py").write_text("import sys\nsys.exit(7)\n")   # a grader that writes nothing
@@ -178,20 +179,28 @@ TINY_FLAGS = ["--device", "cpu", "--warm-start-episodes", "16", "--iterations", 
 
 @SLOW_SANDBOX
 def test_a_rerun_reproduces_a_real_record_and_trains_the_code_of_the_records_handout(tmp_path, monkeypatch):
-    A.main(["train", *TINY_FLAGS, "--run-dir", str(tmp_path / "run")])    # a real run, in this process
-    record = run_record(tmp_path / "run")
-    checked = rerun_check("clock.runs.value_zero[0]", record, settings_of(record), None, 300)
-    assert checked["status"] == "passed" and checked["exact"], ("a real record, trained again for real with the "
-                                                                "reference at its thread count, comes back bit for bit")
-    demonstrations = demonstrations_check("clock", [("its record", record, settings_of(record), None)])
-    assert demonstrations["status"] == "passed", demonstrations      # the audit draws the warm start's episodes
+    """A real run, trained again for real with the reference on one thread: bit for bit when the record was made on
+    one thread here; made on two (another grader's thread count), it is reproduced or drifts, and is never
+    contradicted: its demonstrations are its settings' whatever the thread count."""
+    from course.audit import contradictions
+    for threads in (1, 2):
+        monkeypatch.setattr(A.torch, "get_num_threads", A.torch.get_num_threads)   # restored at the test's end
+        A.torch.set_num_threads(threads)
+        A.main(["train", *TINY_FLAGS, "--run-dir", str(tmp_path / f"run{threads}")])    # a real run, in this process
+    A.torch.set_num_threads(2)
+    one, two = run_record(tmp_path / "run1"), run_record(tmp_path / "run2")
+    checked = rerun_check("clock.runs.value_zero[0]", one, settings_of(one), None, 300)
+    assert checked["state"] == "reproduced" and "bit for bit" in checked["line"], checked
+    assert rerun_check("clock.runs.value_zero[0]", two, settings_of(two), None, 300)["state"] in ("reproduced", "drifted")
+    assert contradictions([(f"record {i}", r, settings_of(r), None) for i, r in enumerate((one, two))]) == [], \
+        "the audit draws the warm start's episodes, the same at any thread count"
     trained = {}
 
     def train(argv, **kwargs):             # where a rerun with the handout's bug trains: what code, and a run
         trained["code"] = Path(re.search(r"run_path\('([^']+)'", argv[2]).group(1)).read_text()
-        shutil.copytree(tmp_path / "run", argv[argv.index("--run-dir") + 1])
+        shutil.copytree(tmp_path / "run1", argv[argv.index("--run-dir") + 1])
     monkeypatch.setattr(subprocess, "run", train)
-    rerun(settings_of(record), 300, bug="ratio_always_one")
+    rerun(settings_of(one), 300, bug="ratio_always_one")
     assert trained["code"] == plant((course.REPO / "agentic_rl.py").read_text(), "ratio_always_one") != \
         (course.REPO / "agentic_rl.py").read_text(), "a record made with the bug is trained again with the bug"
 
@@ -204,78 +213,91 @@ def answers_folder(tmp_path, answers, name="sub") -> Path:
     return folder
 
 
-def trained_again(answers, bug, dev=None):
+def trained_again(answers, bug, drift=0.0):
     """A stand-in for rerun(), which trains for minutes: the record in `answers` made with the settings (and
-    the bug) asked for, given back as a real rerun on this machine gives it, or with another dev success
-    (E8's fixed CodeRepair runs have the settings of E3's value_zero runs: here, the same records)."""
+    the bug) asked for, given back as a real rerun on this machine gives it, or with its warm start's SFT loss
+    `drift` away (E8's fixed CodeRepair runs have the settings of E3's value_zero runs: here, the same records)."""
     made = {(json.dumps(settings_of(r), sort_keys=True), b): r for records, b in
             [(answers["silent_bug_runs"], bug), (answers["silent_bug_fixed_runs"], None),
              *[(records, None) for records in answers["clock"]["runs"].values()]] for r in records}
 
     def rerun(settings, seconds, bug=None, threads=1):
         record = made[json.dumps(settings, sort_keys=True), bug]
-        return {"summary": {"warm_start": record["summary"]["warm_start"], "candidate": {
-            "dev_success": record["summary"]["candidate"]["dev_success"] if dev is None else dev}},
-            "metrics": record["metrics"]}
+        warm = record["summary"]["warm_start"]
+        return {"summary": {"warm_start": {**warm, "sft_loss": warm["sft_loss"] + drift},
+                            "candidate": record["summary"]["candidate"]}, "metrics": record["metrics"]}
     return rerun
 
 
-@SLOW_SANDBOX
-def test_the_audit_reruns_e3_and_e8_and_a_rerun_it_cannot_finish_costs_nothing(tmp_path, monkeypatch, shared_sandbox):
+def cannot_finish(settings, seconds, bug=None, threads=1):
+    raise subprocess.TimeoutExpired("train", seconds)
+
+
+def test_a_point_is_verified_contradicted_or_pending_and_never_granted_on_trust(tmp_path, monkeypatch, shared_sandbox):
+    """A red team's rows: with both reruns cut off on a busy grader, guessed records scored every automatic point;
+    an honest record whose rerun drifted lost points and read "hard-coded answers?". Now an experiment's points are
+    verified (a rerun reproduced a drawn record), contradicted (a record's demonstrations are not its settings': 0,
+    the record named) or pending (the audit off, no rerun finished, or a drift past the tolerance: 0 here, every
+    point left to a person); a student reads "verified" or "pending review", never what the audit tried."""
+    from course.report import pending_points, state
     answers = reference_answers()
-    submission, experiments = answers_folder(tmp_path, answers), dict(only=["clock", "silent_bug"],
-                                                                       silent_bug="ratio_always_one", rerun_seconds=60)
-
-    def cannot_finish(settings, seconds, bug=None, threads=1):
-        raise subprocess.TimeoutExpired("train", seconds)
+    submission = answers_folder(tmp_path, answers)
     monkeypatch.setattr(course.audit, "demonstrator_success", demonstrations_as_made_up)  # as if they were a run's
-    monkeypatch.setattr(course.audit, "rerun", cannot_finish)
-    report = exercises(grade(submission, **experiments))
-    for ex, row in report.items():
-        assert score(row) == (EXPERIMENTS[ex], EXPERIMENTS[ex]) and unchecked(row) and not suspicious(row), row
-    results = {t["name"]: t for t in gradescope_results(report, 1.0)["tests"]}
-    assert NOT_CHECKED in results["clock (hidden checks)"]["output"] and SUSPICIOUS not in json.dumps(results)
-    monkeypatch.setattr(course.audit, "rerun", trained_again(answers, "ratio_always_one"))
-    report = exercises(grade(submission, **experiments))
-    reruns = {ex: [c["status"] for c in row["checks"] if c["name"].startswith("rerun_of_")] for ex, row in report.items()}
-    assert reruns == {"clock": ["passed"] * 12, "silent_bug": ["passed"] * 12}, "quick reruns: every record, in turn"
-    assert {audited(row) for row in report.values()} == {"audit: 12 records' demonstrations recomputed, 12 reproduced; "
-                                                         "12 runs trained again, 12 reproduced (12 bit for bit)"}
-    monkeypatch.setattr(course.audit, "rerun", trained_again(answers, "ratio_always_one", dev=0.5))
-    report = exercises(grade(submission, **experiments))
-    assert all(0 < score(row)[0] < EXPERIMENTS[ex] and suspicious(row) for ex, row in report.items()), \
-        "a record a rerun does not reproduce costs its check: one that another thread count trains differently must " \
-        "not zero an honest student (README, the drift table)"
+
+    def graded(rerun_with, seconds=60):
+        monkeypatch.setattr(course.audit, "rerun", rerun_with)
+        report = grade(submission, only=["clock", "silent_bug"], silent_bug="ratio_always_one", rerun_seconds=seconds)
+        tests = gradescope_results(report, 1.0)["tests"]
+        return exercises(report), [t for t in tests if t["visibility"] != "hidden"], tests[-1]["output"]
+    for rerun_with, seconds, saw in ((cannot_finish, 0, "the audit was off"), (cannot_finish, 60, "did not finish"),
+                                     (trained_again(answers, "ratio_always_one", drift=0.01), 60, "more than the drift")):
+        rows, student, staff = graded(rerun_with, seconds)
+        for ex, row in rows.items():
+            assert (state(row), score(row), pending_points(row)) == ("pending", (0, EXPERIMENTS[ex]), EXPERIMENTS[ex])
+            assert saw in audited(row) and saw in staff and not suspicious(row), audited(row)
+        told = json.dumps(student)
+        assert told.count("pending review") == 4 and "finish" not in told and "drift" not in told, told
+        assert SUSPICIOUS not in told + staff and "hard-coded" not in told + staff
+    rows, student, _ = graded(trained_again(answers, "ratio_always_one"))
+    assert {ex: (state(row), score(row)[0]) for ex, row in rows.items()} == \
+        {ex: ("verified", points) for ex, points in EXPERIMENTS.items()}
+    assert json.dumps(student).count("verified") == 4
+    monkeypatch.setattr(course.audit, "demonstrator_success", lambda warm: 0.5)   # no record's: a drift-0 number
+    rows, student, staff = graded(trained_again(answers, "ratio_always_one"))
+    for ex, row in rows.items():
+        assert (state(row), score(row)[0], pending_points(row)) == ("contradicted", 0, 0), audited(row)
+    assert "clock.runs.value_zero[0] (seed 0): demonstrator success" in audited(rows["clock"]) and \
+        "silent_bug_runs[0] (seed 0)" in staff and "not a run with its settings" in json.dumps(student)
 
 
 @SLOW_SANDBOX
-def test_made_up_records_score_zero_under_the_default_audit_and_a_copied_one_is_refused(tmp_path, monkeypatch,
-                                                                                         shared_sandbox):
+def test_made_up_records_are_contradicted_under_the_default_audit_and_a_copied_one_is_refused(tmp_path, monkeypatch,
+                                                                                              shared_sandbox):
     """A red team's rows. E3's twelve records and E8's twelve, made up on the student's own seeds with the lesson's
-    numbers guessed right (a warm start of 0.52, 0.0 bootstrapped, E8's signature), scored 40 of 40 with no audit.
-    The default audit recomputes each record's demonstrations (seconds, no training): a made-up record carries
-    another demonstrator success, and its experiment scores 0. A real run copied into another seed's slot, its
-    seed edited, is refused with no audit at all: two warm starts that differ never end with the same SFT loss."""
+    numbers guessed right (a warm start of 0.52, 0.0 bootstrapped, E8's signature): with no audit their points are
+    pending, never granted. The default audit recomputes each record's demonstrations (seconds, no training): a
+    made-up record carries another demonstrator success, and its experiment is contradicted: 0. A real run copied
+    into another seed's slot, its seed edited, is refused with no audit at all: two warm starts that differ never
+    end with the same SFT loss."""
+    from course.report import pending_points, state
     write_handout(tmp_path / "h", only=["kl_k3"], silent_bug="ratio_always_one", hidden_seed=SECRET,
                   student="ana@uni.example")
     issued = json.loads((tmp_path / "h" / "answers.json").read_text())
-    made = reference_answers(issued["seeds"], issued["handout"])
-    def cannot_finish(settings, seconds, bug=None, threads=1):          # what training again would say is not needed here
-        raise subprocess.TimeoutExpired("train", seconds)
-    monkeypatch.setattr(course.audit, "rerun", cannot_finish)
+    made = reference_answers(issued["seeds"], issued["handout"], issued["exercises"])
+    monkeypatch.setattr(course.audit, "rerun", cannot_finish)   # what training again would say is not needed here
     graded = lambda answers, name, seconds: exercises(grade(answers_folder(tmp_path, answers, name),
                                                             only=["clock", "silent_bug"], hidden_seed=SECRET,
                                                             students=["ana@uni.example"], rerun_seconds=seconds))
-    assert [score(row)[0] for row in graded(made, "no-audit", 0).values()] == [16, 16], "no audit: full marks"
+    assert [(score(row)[0], pending_points(row)) for row in graded(made, "no-audit", 0).values()] == [(0, 16), (0, 16)]
     for ex, row in graded(made, "audited", AUDIT_SECONDS).items():
-        assert score(row) == (0, EXPERIMENTS[ex]) and "did not reproduce" in audited(row), (ex, audited(row))
-        assert "did not come from a run with its settings" in json.dumps(row["checks"])
-    copied = reference_answers(issued["seeds"], issued["handout"])
+        assert state(row) == "contradicted" and score(row) == (0, EXPERIMENTS[ex]), audited(row)
+        assert "not a run with its settings" in audited(row)
+    copied = reference_answers(issued["seeds"], issued["handout"], issued["exercises"])
     runs = copied["clock"]["runs"]["value_zero"]
     runs[1] = json.loads(json.dumps(runs[0]))                   # seed 0's run, handed in as seed 1's
     runs[1]["summary"]["config"]["seed"] = issued["seeds"][1]
     row = graded(copied, "copied", 0)["clock"]
-    assert score(row)[0] == 0 and "one is a copy of the other's run" in json.dumps(row["checks"]), row
+    assert score(row)[0] == pending_points(row) == 0 and "one is a copy of the other's run" in json.dumps(row["checks"])
 
 
 def test_each_student_has_their_own_seeds_and_bug_and_the_readmes_numbers_score_zero(tmp_path, capsys, monkeypatch,
@@ -283,14 +305,16 @@ def test_each_student_has_their_own_seeds_and_bug_and_the_readmes_numbers_score_
     write_handout(tmp_path / "alice", only=["kl_k3"], silent_bug="ratio_always_one", hidden_seed=SECRET,
                   student="alice@uni.example")
     issued = json.loads((tmp_path / "alice" / "answers.json").read_text())
-    honest = reference_answers(issued["seeds"], issued["handout"])       # records of runs made with her seeds
-    copied = reference_answers(README_SEEDS, issued["handout"])          # the README's numbers, its seeds 0, 1, 2
+    honest = reference_answers(issued["seeds"], issued["handout"], issued["exercises"])   # runs made with her seeds
+    copied = reference_answers(README_SEEDS, issued["handout"], issued["exercises"])  # the README's: seeds 0, 1, 2
     forged = dict(honest, handout=issued["handout"][:-1] + ("0" if issued["handout"][-1] != "0" else "1"))
 
-    def total(name, answers, *students) -> float:
+    from course.report import checked
+
+    def total(name, answers, *students) -> float:    # what the checks earn (no audit: pending for a person)
         report = grade(answers_folder(tmp_path, answers, name), only=["clock", "silent_bug"], hidden_seed=SECRET,
                        students=students)
-        return sum(score(row)[0] for row in exercises(report).values())
+        return sum(checked(row)[0] for row in exercises(report).values())
     assert total("honest", honest, "Alice@uni.example") == sum(EXPERIMENTS.values())
     assert total("copied", copied, "alice@uni.example") == 0, "the README's records answer nobody's seeds"
     assert total("forged", forged, "alice@uni.example") == 0
@@ -346,12 +370,13 @@ def test_an_explanation_is_read_by_a_person_and_never_scored_by_its_words(tmp_pa
     """A red team's row: a wrong clock.why that carries the words a keyword test looked for got full marks. Now an
     explanation earns nothing automatically, and an empty one loses nothing automatically: E3's records earn its
     autograded points, and the explanation's points stay pending, with its text, for a person to read."""
+    from course.report import checked
     wrong, empty = reference_answers(), reference_answers()
     wrong["clock"]["why"] = "the value V(s) of the turn budget makes the clock bootstrap the budget's turns"
     empty["clock"]["why"] = ""
     for name, answers in (("wrong", wrong), ("empty", empty)):
         report = exercises(grade(answers_folder(tmp_path, answers, name), only=["clock"]))["clock"]
-        assert score(report) == (EXPERIMENTS["clock"], EXPERIMENTS["clock"]), report
+        assert checked(report) == (EXPERIMENTS["clock"], EXPERIMENTS["clock"]), report
         assert report["pending"] == {"field": "clock.why", "points": READ_BY_A_PERSON["clock"][1],
                                      "answer": answers["clock"]["why"] or "(empty)"}
 
@@ -374,7 +399,7 @@ def test_a_class_run_outlives_one_failed_grading_and_shows_folder_names_escaped(
     code, printed = course_here(capsys, "grade", tmp_path / "class", "--only", "clock", "--json", tmp_path / "out",
                                 "--rerun", "0")
     assert code == 1 and "GRADER FAILED broken: RuntimeError('boom')" in printed and "\x1b" not in printed
-    assert "=== mallory\\x1b[2J\\ntotal 136 of 136" in printed and "\ntotal 136 of 136" not in printed, printed
+    assert "=== 'mallory\\x1b[2J\\ntotal 136 of 136" in printed and "\ntotal 136 of 136" not in printed, printed
     failed = json.loads((tmp_path / "out" / "broken.json").read_text())
     assert "The grader failed, not your submission" in failed["output"] and len(list((tmp_path / "out").iterdir())) == 2
 
@@ -543,7 +568,7 @@ def test_a_copy_of_the_reference_is_flagged_and_solutions_written_fresh_are_not(
     reference's four solutions copied (disguised by renaming, brackets and do-nothing statements; nested in an `if
     True:`; moved into helpers the graded functions call): flagged; two students' fresh ones: not, against the
     reference or each other (README: five fresh students and the red team's copies, the shares measured)."""
-    four, reference = ["returns", "gae", "grpo", "ppo_clip"], reference_code(["returns", "gae", "grpo", "ppo_clip"])
+    four, reference = ["returns", "gae", "grpo", "ppo_clip"], reference_code(("gae", "grpo", "ppo_clip", "returns"))
     arguments = {"returns": "r, gamma", "gae": "r, v, last_value, bootstrap, gamma, lam", "grpo": "r, std, eps",
                  "ppo_clip": "logprobs, old_logprobs, advantages, mask, clip_eps, n"}
     copies = {"disguised": ({ex: disguised(solution(ex)) for ex in four}, ""),
@@ -572,5 +597,7 @@ def test_a_copy_of_the_reference_is_flagged_and_solutions_written_fresh_are_not(
     assert "FLAGGED disguised: 1.00 of its own code is the public reference's" in printed, printed
     assert "FLAGGED terse" not in printed and "similarity to disguised" in printed     # every pair compared
     page = (tmp_path / "similarity.html").read_text()
-    assert page.count("<h2>") == 4 and "disguised, ppo_clip, against the public reference: 100%" in page
+    index = page.split("</table>")[0]                                  # every pair first, flagged or not
+    assert index.count("<tr><td>") == 4 and index.index("disguised") < index.index("terse"), index
+    assert page.count("<h2") == 1 + 4 and "disguised, ppo_clip, against the public reference: 100%" in page
     assert "<script" not in page and "class=\"hit\"" in page
