@@ -3,10 +3,12 @@
   here in a second or two for every record (numpy's generator and the environment's rules alone decide it): the
   experiment scores 0, and the TA's line names the record;
 - verified when a record drawn at random, trained again here with its settings (and the handout's bug, where it was
-  made with it), reproduces it within the tolerances of its setting (TOLERANCE: the drift measured between thread
-  counts): the points are scored;
+  made with it), reproduces it within TOLERANCE (the drift measured between thread counts, with room): the points
+  are scored;
 - pending otherwise (no rerun finished, or one drifted past its tolerance): the points go to a person with what the
   audit saw, never granted, never taken.
+The record is drawn among those a rerun can check: a run that bootstraps the task's own budget is unstable, and
+another thread count moves its candidate by up to 0.885 of its dev success (README), as far as a guess could be.
 The experiments' reruns run at once, one thread each (a grader's two cores), within the audit's seconds."""
 import functools
 import json
@@ -32,12 +34,10 @@ from course.lesson import (CLOCK_SETTINGS, E3_RUN, E8_RUNS, clock_numbers_are_yo
 
 
 AUDIT_SECONDS = 600.0   # the audit's seconds per grading (grade's and the bundle's default): one drawn record of each
-                        # experiment trained again, at once, one thread each (README: 256-279 s measured for one)
-TOLERANCE = {           # number -> (steady settings, bootstrapped ones): how far a record trained again may move, from
-    "warm start dev success": (0.05, 0.05),          # the worst drift measured between 1, 2 and 4 threads (README's
-    "warm start SFT loss": (0.005, 0.005),           # drift table: 0, 0.0015, 0 or 0.46 and 0.034 or 0.32), with room
-    "candidate dev success": (0.1, 0.5),             # for a seed or a machine not measured
-    "mean training success": (0.1, 0.35)}
+                        # experiment trained again, at once, one thread each (README: 139-279 s measured for one)
+TOLERANCE = {"warm start dev success": 0.05, "warm start SFT loss": 0.005,   # how far a rerun may move each number:
+             "candidate dev success": 0.1, "mean training success": 0.1}      # the drift measured between 1, 2 and 4
+                        # threads (README's drift table: 0, 0.0015, 0 and 0.034), with room for a seed or a machine
 RECORD_CHECKS = {"clock": clock_numbers_are_your_runs_own_records.__name__,     # an experiment whose records pass
                  "silent_bug": silent_bug_answer_carries_the_runs_before_and_after_the_fix.__name__}  # these is audited
 
@@ -85,6 +85,12 @@ def contradictions(runs: list) -> list:
     return differ
 
 
+def checkable(settings: dict, bug) -> bool:
+    """Whether a rerun can check a record of these settings: not one that bootstraps the task's own budget (with
+    --bootstrap-budget, or the planted budget_bootstrapped on CodeRepair), which another thread count moves too far."""
+    return not settings.get("bootstrap_budget") and not (bug == "budget_bootstrapped" and "env" in settings)
+
+
 def audited_runs(ex: str, answers: dict, key: dict) -> list:
     """(where in answers.json, record, its settings, the bug its code had) of each run an audit may train
     again: E3's twelve (the reference), E8's six with the bug (the reference with the handout's bug planted,
@@ -109,10 +115,9 @@ def numbers(record: dict) -> dict:
 
 
 def rerun_check(where: str, record: dict, settings: dict, bug, seconds: float) -> dict:
-    """One record trained again on one thread: "reproduced" when every number is within its setting's TOLERANCE of
-    the record's, "drifted" when one is not, "unfinished" when the grader could not finish the rerun; with the TA's
+    """One record trained again on one thread: "reproduced" when every number is within its TOLERANCE of the
+    record's, "drifted" when one is not, "unfinished" when the grader could not finish the rerun; with the TA's
     line saying what it saw (and whether it came back bit for bit: the same machine and thread count alone do)."""
-    kind = int(settings.get("bootstrap_budget", False) or (bug == "budget_bootstrapped" and "env" in settings))
     try:
         again = rerun(settings, seconds, bug, threads=1)
     except Exception as e:                              # the grader's time or machine, never the student's doing
@@ -121,9 +126,8 @@ def rerun_check(where: str, record: dict, settings: dict, bug, seconds: float) -
     try:                                                # record_of has checked these numbers: this is a last guard
         mine, theirs = numbers(record), numbers(again)
         differ = [f"{what} {mine[what]:.4g} in the record, {theirs[what]:.4g} trained again (tolerance "
-                  f"{TOLERANCE[what][kind]})" for what in TOLERANCE
-                  if not abs(mine[what] - theirs[what]) <= TOLERANCE[what][kind]]       # NaN never passes
-    except (KeyError, TypeError, ValueError) as e:
+                  f"{TOLERANCE[what]})" for what in TOLERANCE if not abs(mine[what] - theirs[what]) <= TOLERANCE[what]]
+    except (KeyError, TypeError, ValueError) as e:      # NaN never passes
         differ = [f"its numbers cannot be compared ({type(e).__name__})"]
     exact = not differ and mine["warm start SFT loss"] == theirs["warm start SFT loss"] and \
         [m.get("grad_norm") for m in record["metrics"]] == [m.get("grad_norm") for m in again["metrics"]]
@@ -138,8 +142,9 @@ def audit(report: dict, answers: dict, key: dict, seconds: float) -> None:
     """grade --rerun SECONDS: each experiment whose records pass their checks gets its audit, report[ex]["audit"]:
     {"state": "verified", "contradicted" or "pending", "saw": what the audit saw, line by line}. Every record's
     demonstrations are recomputed (contradictions: one that disagrees contradicts the experiment's points, which then
-    score 0); then one record of each experiment, drawn at random, is trained again, the experiments at once, within
-    `seconds` (rerun_check): reproduced, its points are verified; drifted or unfinished, pending for a person."""
+    score 0); then one record of each experiment, drawn at random among those a rerun can check (checkable), is
+    trained again, the experiments at once, within `seconds` (rerun_check): reproduced, the experiment's points are
+    verified; drifted or unfinished, they are pending, for a person: never granted, never taken."""
     audited = [ex for ex, check in RECORD_CHECKS.items() if ex in report and
                any(c["name"] == check and c["status"] == "passed" for c in report[ex]["checks"])]
     drawn = {}
@@ -148,7 +153,7 @@ def audit(report: dict, answers: dict, key: dict, seconds: float) -> None:
         differ = contradictions(runs)
         report[ex]["audit"] = {"state": "contradicted", "saw": differ} if differ else \
             {"state": "pending", "saw": [f"{len(runs)} records' demonstrations recomputed: each is its settings'"]}
-        drawn.update({} if differ else {ex: random.choice(runs)})
+        drawn.update({} if differ else {ex: random.choice([run for run in runs if checkable(run[2], run[3])])})
     deadline = time.monotonic() + seconds
     with ThreadPoolExecutor(max_workers=max(1, len(drawn))) as pool:   # each waits on its own training process
         checked = {ex: pool.submit(lambda run: rerun_check(*run, max(1.0, deadline - time.monotonic())), run)

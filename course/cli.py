@@ -48,7 +48,7 @@ def main(argv):
                       f"secret ({SECRET_ENV})")
     p_hw.add_argument("--rerun", type=float, default=None, help="with --autograder: seconds each grading spends "
                       f"on the audit (default {AUDIT_SECONDS:g}: set Gradescope's autograder timeout to this plus 10 "
-                      "minutes); an experiment's points are scored only when a rerun verifies them (grade --help); "
+                      "minutes); an experiment's points are scored only once a rerun has verified them (grade --help); "
                       "0 = no audit, every experiment pending review")
     p_grade = sub.add_parser("grade", help="grade a submission (or a class of them) in a sandbox against this "
                              "installation's checks", allow_abbrev=False)

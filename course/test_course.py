@@ -1,6 +1,7 @@
 """What a teaching assistant sees on grading day: a handout that leaks nothing and round-trips, the bundle that
 grades the reference fully and a blank at zero, each student's own seeds and bug, the secret's rules, the
 experiments graded on the runs' own records, and the audit that trains them again."""
+import ast
 import json
 import re
 import shlex
@@ -8,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -27,7 +29,8 @@ from course.exercises import EXERCISES, EXPERIMENTS, READ_BY_A_PERSON, SILENT_BU
 from course.audit import AUDIT_SECONDS, rerun, rerun_check
 from course.grading import grade, run_check
 from course.report import SUSPICIOUS, audited, exercises, gradescope_results, score, suspicious
-from course.handouts import HANDOUT_FILES, answers_template, plant, solution_regions, write_handout
+from course.handouts import (HANDOUT_FILES, answers_template, function_spans, plant, solution_regions,
+                             write_handout)
 from course.ids import MAKE_A_SECRET, SECRET_ENV, answer_key, hidden_seed_of, issued_to, new_handout
 from course.lesson import CLOCK_SETTINGS, README_SEEDS, run_record
 from course.similarity import FLAG, SHORTEST, own_code, reference_code, similarity
@@ -371,14 +374,32 @@ def test_an_explanation_is_read_by_a_person_and_never_scored_by_its_words(tmp_pa
     explanation earns nothing automatically, and an empty one loses nothing automatically: E3's records earn its
     autograded points, and the explanation's points stay pending, with its text, for a person to read."""
     from course.report import checked
-    wrong, empty = reference_answers(), reference_answers()
+    wrong, empty, long = reference_answers(), reference_answers(), reference_answers()
     wrong["clock"]["why"] = "the value V(s) of the turn budget makes the clock bootstrap the budget's turns"
     empty["clock"]["why"] = ""
-    for name, answers in (("wrong", wrong), ("empty", empty)):
-        report = exercises(grade(answers_folder(tmp_path, answers, name), only=["clock"]))["clock"]
-        assert checked(report) == (EXPERIMENTS["clock"], EXPERIMENTS["clock"]), report
-        assert report["pending"] == {"field": "clock.why", "points": READ_BY_A_PERSON["clock"][1],
-                                     "answer": answers["clock"]["why"] or "(empty)"}
+    long["clock"]["why"] = "Running out of turns is an end worth 0. " * 150 + "\x1b[2J the last words"   # 6,000
+    for name, answers in (("wrong", wrong), ("empty", empty), ("long", long)):
+        report = grade(answers_folder(tmp_path, answers, name), only=["clock"])
+        row = exercises(report)["clock"]
+        assert checked(row) == (EXPERIMENTS["clock"], EXPERIMENTS["clock"]), row
+        said = answers["clock"]["why"].replace("\x1b", "\\x1b") or "(empty)"
+        assert row["pending"] == {"field": "clock.why", "points": READ_BY_A_PERSON["clock"][1], "answer": said}
+        prose = gradescope_results(report, 1.0)["tests"][-2]        # where the staff read it, in Gradescope: in full
+        assert prose["name"] == "clock: clock.why (read by the course staff)" and \
+            prose["output"].endswith(textwrap.indent(said, "    ")) and "\x1b" not in prose["output"], prose
+
+
+def test_the_readme_says_the_autograders_points_and_the_manual_questions_as_the_code_counts_them():
+    """The course's total is the autograder's points plus the prose read by hand; the README says how to set up
+    the manual questions, with the numbers the code grades."""
+    automatic = sum(points for points, _ in EXERCISES.values()) + sum(EXPERIMENTS.values())
+    by_hand = {ex: points for ex, (_, points) in READ_BY_A_PERSON.items()}
+    readme = (course.REPO / "README.md").read_text()
+    homework = " ".join(readme[readme.index("## Homework"):readme.index("\n## ", readme.index("## Homework") + 5)].split())
+    assert f"the autograder's {automatic} points plus {sum(by_hand.values())} read by hand: " \
+           f"{automatic + sum(by_hand.values())}" in homework
+    for ex, (path, points) in READ_BY_A_PERSON.items():
+        assert f"manual question of {points} points for `{'.'.join(path)}`" in homework, ex
 
 
 @SLOW_SANDBOX
@@ -402,6 +423,189 @@ def test_a_class_run_outlives_one_failed_grading_and_shows_folder_names_escaped(
     assert "=== 'mallory\\x1b[2J\\ntotal 136 of 136" in printed and "\ntotal 136 of 136" not in printed, printed
     failed = json.loads((tmp_path / "out" / "broken.json").read_text())
     assert "The grader failed, not your submission" in failed["output"] and len(list((tmp_path / "out").iterdir())) == 2
+
+
+def test_a_class_run_loses_no_ones_results_and_tells_every_student_apart(tmp_path, capsys, monkeypatch,
+                                                                         shared_sandbox):
+    """A red team's rows: folders `x y` and `x_y` wrote one results file; a folder removed mid-run ended the run with
+    no results for anyone; a folder whose name starts with a dot was skipped silently; `a\\nb` (a line break) and
+    `a\\\\nb` printed alike and shared one similarity entry; results and the page were readable by every user."""
+    clash, klass, out, page = tmp_path / "clash", tmp_path / "class", tmp_path / "out", tmp_path / "similarity.html"
+    clash.mkdir(), klass.mkdir()
+    for name in ("x y", "x_y"):
+        answers_folder(clash, reference_answers(), name)
+    code, printed = course_here(capsys, "grade", clash, "--only", "clock", "--json", tmp_path / "clash-out")
+    assert code == 2 and f"{clash / 'x y'} and {clash / 'x_y'}: two submissions whose results would be one file " \
+                         "(x_y.json)" in printed, printed
+    assert not (tmp_path / "clash-out").exists(), "refused before anything is graded"
+    for name in ("a\nb", "a\\nb", "ana", "gone", ".late"):
+        answers_folder(klass, reference_answers(), name)
+    (klass / "notes.txt").write_text("")
+    on_disk = []
+
+    def grade_and_look(folder, *args, **kwargs):            # what is written before each grading; one folder vanishes
+        on_disk.append(sorted(p.name for p in out.iterdir()))
+        if Path(folder).name == "ana":
+            shutil.rmtree(klass / "gone")
+        return grading.grade(folder, *args, **kwargs)
+    monkeypatch.setattr(course.cli, "grade", grade_and_look)
+    code, printed = course_here(capsys, "grade", klass, "--only", "clock", "--json", out, "--html", page, "--rerun", "0")
+    assert on_disk == [[], ["a_b.json"], ["a_b.json", "a_nb.json"]], "each student's results, written once graded"
+    assert sorted(p.name for p in out.iterdir()) == ["a_b.json", "a_nb.json", "ana.json", "gone.json"]
+    assert {oct(p.stat().st_mode & 0o777) for p in [*out.iterdir(), page]} == {"0o600"}
+    assert "GRADER FAILED gone: the folder" in printed and "vanished" in printed and \
+        "not your submission" in json.loads((out / "gone.json").read_text())["output"]
+    assert "SKIPPED .late: a folder whose name starts with a dot" in printed and "SKIPPED notes.txt: not a folder" \
+        in printed, printed
+    assert "=== 'a\\nb' ===" in printed and "=== 'a\\\\nb' ===" in printed, printed
+    index = page.read_text().split("</table>")[0]
+    assert index.count("<tr><td>") == 3 * 3, index                      # every pair, each name apart from the other
+    assert index.count("&#x27;a\\nb&#x27;</td>") == index.count("&#x27;a\\\\nb&#x27;</td>") == 3 + 2, index
+
+
+def test_a_handout_names_the_exercises_it_holds_and_grade_grades_those(tmp_path):
+    """A red team's row: a handout made with --only gae, graded without --only, scored the nine given pieces as
+    solved. Its answers.json now names the exercises handed out, and grade grades those (--only says otherwise);
+    with the course's secret the handout id binds the list, so an edited one does not verify."""
+    from course.grading import handed_out
+    write_handout(tmp_path / "gae", only=["gae"])
+    answers = json.loads((tmp_path / "gae" / "answers.json").read_text())
+    assert answers["exercises"] == ["gae"] and handed_out(answers, None, None) == (["gae"], "")
+    assert handed_out({}, None, None) == (list(EXERCISES), ""), "a handout made before it named none: all of them"
+    assert "not a list of exercise ids" in handed_out({"exercises": ["gae", "nope"]}, None, None)[1]
+    write_handout(tmp_path / "ana", only=["gae", "kl_k3"], hidden_seed=SECRET, student="ana@uni.example")
+    issued = json.loads((tmp_path / "ana" / "answers.json").read_text())
+    key = answer_key(issued, SECRET, ["ana@uni.example"], None)
+    assert key["seeds"] == issued["seeds"] and handed_out(issued, key, SECRET) == (["gae", "kl_k3"], "")
+    edited = dict(issued, exercises=list(EXERCISES))                  # claiming the given pieces too
+    key = answer_key(edited, SECRET, ["ana@uni.example"], None)
+    assert key["seeds"] is None and "exercises" in key["why"]
+    assert handed_out(edited, key, SECRET) == (list(EXERCISES), "answers.json's exercises are not verified by a "
+                                               "handout id issued to this student: every exercise graded")
+
+
+@SLOW_SANDBOX
+def test_a_partial_handout_is_graded_on_its_own_exercises(tmp_path, shared_sandbox):
+    write_handout(tmp_path / "gae", only=["gae"])
+    report = grade(tmp_path / "gae")
+    assert list(exercises(report)) == ["gae", *EXPERIMENTS] and score(report["gae"])[0] == 0, report.keys()
+
+
+def test_mechanical_rewrites_are_undone_before_fingerprinting():
+    """A red team's row: an ast rewriter (operators as operator.X(a, b), attribute reads as getattr(x, 'name')) took
+    the public reference to a share of 0.01 at full marks. The report writes such equivalences one way first: the
+    graded functions rewritten by the red team's rules, or by all four (augmented assignments and lambdas too),
+    normalize to the very text of the originals (the whole reference: the slow test below)."""
+    from course.similarity import normalized_module, solution_functions
+    reference = (course.REPO / "agentic_rl.py").read_text()
+    spans = function_spans(reference)
+    source = "\n".join("".join(reference.splitlines(keepends=True)[spans[q][0] - 1:spans[q][1]]) for q in
+                       [solution_functions()[ex][1] for ex in ("returns", "gae", "grpo", "ppo_clip", "kl_k3")]) + \
+        "def scaled(x, k):\n    x = x * k\n    x.grad = None\n    return x.data\n\ndef double(x):\n    return 2 * x\n"
+    for rules in (RED_TEAMS_RULES, ALL_RULES):
+        copy = rewritten(source, rules)
+        assert copy != source and "operator." in copy and "getattr(" in copy
+        assert normalized_module(copy)[0] == normalized_module(source)[0], rules
+
+
+@SLOW_SANDBOX
+def test_a_mechanical_rewrite_of_the_whole_reference_is_flagged(capsys):
+    """The public reference, both files rewritten whole (a red team's rules took it to 0.01; README: the shares):
+    flagged, at a share of 0.9 or more, every exercise's too."""
+    everything = tuple(sorted(EXERCISES))
+    files = {name: (course.REPO / name).read_text() for name in ("agentic_rl.py", "envs.py")}
+    for rules in (RED_TEAMS_RULES, ALL_RULES):
+        sim = similarity(own_code({name: rewritten(text, rules) for name, text in files.items()}, everything),
+                         reference_code(everything))
+        with capsys.disabled():
+            print(f"\n{'+'.join(rules)}: whole {sim['share']:.2f}; " +
+                  ", ".join(f"{ex} {r['share']:.2f}" for ex, r in sim["exercises"].items()))
+        assert sim["flagged"] and sim["share"] >= 0.9 and min(r["share"] for r in sim["exercises"].values()) >= 0.9
+
+
+@SLOW_SANDBOX
+def test_the_similarity_report_keeps_to_its_budget_and_grading_goes_on(tmp_path):
+    """A red team's row: the report ran in the grader's process with no budget, and 400 three-line helpers took a
+    12 s grading to 170 s. 400 now cost a few seconds; a submission past SIMILARITY_FUNCTIONS or SIMILARITY_TOKENS, or
+    one the report cannot finish within its seconds, is "too large to compare: N functions, M tokens", for the staff,
+    never a copy; a file that did not compile or could not be read is "not compared"."""
+    from course.similarity import SIMILARITY_FUNCTIONS, own_code_within
+    everything = list(EXERCISES)
+    files = {name: (course.REPO / name).read_text() for name in ("agentic_rl.py", "envs.py")}
+    helpers = lambda n: files["agentic_rl.py"] + "".join(f"\n\ndef helper_{i}(x):\n    y = x + {i}\n    return y * 2\n"
+                                                         for i in range(n))
+    seconds = []
+    for text in (files["agentic_rl.py"] + "\n", helpers(400)):
+        t = time.monotonic()
+        own = own_code_within({**files, "agentic_rl.py": text}, everything)
+        seconds.append(time.monotonic() - t)
+        assert not own["not_compared"] and similarity(own, reference_code(tuple(sorted(everything))))["flagged"]
+    assert seconds[1] - seconds[0] < 10, seconds                      # measured: about 2 s more (README)
+    for own in (own_code_within({**files, "agentic_rl.py": helpers(SIMILARITY_FUNCTIONS)}, everything),
+                own_code_within({**files, "agentic_rl.py": helpers(400)}, everything, seconds=0.2)):
+        sim = similarity(own, reference_code(tuple(sorted(everything))))
+        assert re.fullmatch(r"too large to compare: \d+ functions, \d+ tokens \(.*\)", own["not_compared"]["agentic_rl.py"])
+        assert not sim["flagged"] and any(line.startswith("agentic_rl.py: too large") for line in sim["not_compared"])
+    own = own_code_within({"envs.py": files["envs.py"]}, everything, {"agentic_rl.py": "SyntaxError: invalid syntax"})
+    sim = similarity(own, reference_code(tuple(sorted(everything))))
+    assert not sim["flagged"] and sim["not_compared"] == ["agentic_rl.py: SyntaxError: invalid syntax"] and \
+        list(sim["exercises"]) == ["permission_rule"]
+
+
+def test_the_similarity_page_opens_with_every_pair_by_its_highest_share():
+    """A red team's row: a hand rewrite at 0.05 was missing from the page, which drew flagged pairs only."""
+    from course.similarity import side_by_side
+    pair = lambda name, share, exercises, flagged=False: {"name": name, "against": "the public reference",
+                                                          "share": share, "fingerprints": 100, "flagged": flagged,
+                                                          "exercises": exercises, "not_compared": []}
+    pairs = [pair("hand <rewrite>", 0.05, {"gae": 0.05}), pair("copy-x", 0.62, {"gae": 1.0}, True),
+             pair("gae-x", 0.3, {"gae": 0.8}, True), pair("unreadable-x", 0.0, {})]
+    pairs[3]["not_compared"] = ["agentic_rl.py: it did not compile or could not be read (<script>)"]
+    page = side_by_side("code <similarity>", pairs, [])
+    index = page.split("</table>")[0]
+    at = [index.index(name) for name in ("copy-x", "gae-x", "hand &lt;rewrite&gt;", "unreadable-x")]
+    assert at == sorted(at) and index.count("<tr><td>") == 4, index
+    assert "<script>" not in page and "&lt;script&gt;" in page and "<rewrite>" not in page
+
+
+def test_a_classmates_planted_bug_in_a_submission_is_flagged():
+    """A bug planted in another student's handout is a strong, free sign that a submission copied that file."""
+    from course.report import carried
+    from course.similarity import planted_bugs
+    reference = (course.REPO / "agentic_rl.py").read_text()
+    spans, lines = function_spans(reference), reference.splitlines(keepends=True)
+    functions = "\n".join("".join(lines[spans[q][0] - 1:spans[q][1]]) for q in ("group_credit", "should_bootstrap"))
+    assert planted_bugs(functions) == [] and planted_bugs(rewritten(functions.replace(
+        SILENT_BUGS["one_group_per_batch"][2], SILENT_BUGS["one_group_per_batch"][3]))) == ["one_group_per_batch"]
+    lines = carried({"~bugs": {"own": "ratio_always_one", "others": ["one_group_per_batch"]}})
+    assert lines == ["its agentic_rl.py carries the silent bug 'one_group_per_batch', planted in another student's "
+                     "handout (its own: ratio_always_one): a copy of a classmate's file"]
+
+
+@SLOW_SANDBOX
+def test_a_submission_carrying_a_classmates_planted_bug_is_flagged(tmp_path, shared_sandbox, capsys):
+    sub = tmp_path / "bob"
+    write_handout(sub, only=["kl_k3"], silent_bug="one_group_per_batch")       # a classmate's handout, bug and all
+    fill(sub / "agentic_rl.py", "kl_k3", ["d = ref_logprobs - logprobs", "return d.exp() - d - 1"])
+    code, printed = course_here(capsys, "grade", sub, "--only", "kl_k3", "--silent-bug", "ratio_always_one",
+                                "--json", tmp_path / "bob.json")
+    staff = json.loads((tmp_path / "bob.json").read_text())["tests"][-1]["output"]
+    assert "FLAGGED: its agentic_rl.py carries the silent bug 'one_group_per_batch'" in staff and \
+        "carries the silent bug 'one_group_per_batch'" in printed
+
+
+def test_every_word_about_the_audit_states_its_rule(capsys):
+    """A red team's row: grade --help and the audit's and score's docstrings said a record that does not reproduce
+    zeroes its experiment, which the code never did. Each now states the rule: verified, contradicted or pending."""
+    import course.report
+    code, printed = course_here(capsys, "grade", "--help")
+    words = " ".join(printed.split())
+    assert code == 0 and "does not reproduce zeroes" not in words
+    for said in (words, course.audit.__doc__, course.audit.audit.__doc__, course.report.__doc__,
+                 course.report.score.__doc__):
+        assert all(word in said for word in ("verified", "contradicted", "pending")), said
+    homework = " ".join(course_here(capsys, "homework", "--help")[1].split())
+    assert "verified" in homework and "pending review" in homework, homework
 
 
 def test_experiments_are_graded_on_the_runs_own_records():
@@ -525,6 +729,80 @@ with torch.no_grad():
     clip_frac = (clipped * mask).sum() / n
     approx_kl = (((ratio - 1) - (logprobs - old_logprobs)) * mask).sum() / n
 return loss, {"clip_frac": float(clip_frac), "approx_kl": float(approx_kl)}"""}}
+
+
+OPERATOR_NAMES = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.FloorDiv: "floordiv",
+                  ast.Mod: "mod", ast.Pow: "pow", ast.MatMult: "matmul", ast.BitAnd: "and_", ast.BitOr: "or_",
+                  ast.BitXor: "xor", ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt",
+                  ast.GtE: "ge", ast.USub: "neg", ast.Invert: "invert"}
+RED_TEAMS_RULES, ALL_RULES = ("operators", "attributes"), ("operators", "attributes", "augmented", "lambdas")
+
+
+class Rewriter(ast.NodeTransformer):
+    """A copier's mechanical rewrite, rule by rule: "operators" (a X b, a comparison of two, -a and ~a as
+    operator.X calls), "attributes" (x.name read as getattr(x, 'name'), written as setattr), "augmented" (x = x X y
+    as x X= y) and "lambdas" (a def whose body is one return as a name bound to a lambda): what the similarity
+    report must see through (RED_TEAMS_RULES are a red team's 40-line rewriter's)."""
+
+    def __init__(self, rules):
+        self.rules = set(rules)
+
+    def operator(self, op, *args):
+        return ast.Call(ast.Attribute(ast.Name("operator", ast.Load()), OPERATOR_NAMES[type(op)], ast.Load()),
+                        list(args), [])
+
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+        return self.operator(node.op, node.left, node.right) if "operators" in self.rules else node
+
+    def visit_UnaryOp(self, node):
+        self.generic_visit(node)
+        return self.operator(node.op, node.operand) if "operators" in self.rules and type(node.op) in OPERATOR_NAMES \
+            else node
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        if "operators" in self.rules and len(node.ops) == 1 and type(node.ops[0]) in OPERATOR_NAMES:
+            return self.operator(node.ops[0], node.left, node.comparators[0])
+        return node
+
+    def visit_Attribute(self, node):
+        self.generic_visit(node)
+        if "attributes" in self.rules and isinstance(node.ctx, ast.Load):
+            return ast.Call(ast.Name("getattr", ast.Load()), [node.value, ast.Constant(node.attr)], [])
+        return node
+
+    def visit_Assign(self, node):
+        target, value = node.targets[0], node.value
+        if "augmented" in self.rules and len(node.targets) == 1 and isinstance(target, ast.Name) and \
+                isinstance(value, ast.BinOp) and isinstance(value.left, ast.Name) and value.left.id == target.id:
+            return self.visit(ast.AugAssign(target, value.op, value.right))
+        self.generic_visit(node)
+        if "attributes" in self.rules and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute):
+            target = node.targets[0]
+            return ast.Expr(ast.Call(ast.Name("setattr", ast.Load()), [target.value, ast.Constant(target.attr),
+                                                                       node.value], []))
+        return node
+
+    def visit_FunctionDef(self, node):
+        self.generic_visit(node)
+        if "lambdas" in self.rules and len(node.body) == 1 and isinstance(node.body[0], ast.Return) and \
+                node.body[0].value is not None and not node.decorator_list:
+            for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs, node.args.vararg, node.args.kwarg]:
+                if a is not None:
+                    a.annotation = None                         # a lambda's arguments have none
+            return ast.Assign([ast.Name(node.name, ast.Store())], ast.Lambda(node.args, node.body[0].value))
+        return node
+
+
+def rewritten(source: str, rules=ALL_RULES) -> str:
+    """A source rewritten by these rules, `import operator` after its docstring and __future__ imports."""
+    tree = Rewriter(rules).visit(ast.parse(source))
+    at = next(i for i, node in enumerate(tree.body) if not (isinstance(node, ast.ImportFrom) and
+                                                            node.module == "__future__" or
+                                                            i == 0 and isinstance(node, ast.Expr)))
+    tree.body.insert(at, ast.Import([ast.alias("operator")]))
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
 def solution(ex: str) -> list:
