@@ -11,7 +11,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import agentic_rl as A
 from course.audit import AUDIT_SECONDS
 from course.bundle import gradescope_students, write_autograder
 from course.exercises import EXERCISES, SILENT_BUGS
@@ -126,14 +125,14 @@ def main(argv):
                 [args.student] if args.student else [name] if class_run else []
             started = time.time()
             try:
-                if class_run and not folder.is_dir():
-                    raise FileNotFoundError(f"the folder {shown(str(folder))} vanished before it was graded")
                 reports[name] = grade(folder, only, args.time_limit, args.silent_bug, secret, rerun_seconds=args.rerun,
                                       students=students, require_isolation=args.require_isolation)
             except Exception as e:               # in a class, one grading's failure is that student's alone
-                if not class_run or isinstance(e, (ValueError, IsolationMissing)):
-                    raise
-                reports[name] = {"~failed": printable(str(e) if isinstance(e, FileNotFoundError) else repr(e))}
+                vanished = class_run and not folder.is_dir()
+                if not class_run or isinstance(e, (ValueError, IsolationMissing)) and not vanished:
+                    raise                        # the course's settings or the machine: every grading's
+                reports[name] = {"~failed": f"the folder {shown(str(folder))} vanished before it was graded" if
+                                 vanished else printable(repr(e))}
             seconds[name] = time.time() - started
             if args.json:                        # written at once: a later failure loses no one's results
                 write_results(results_path(args.json, name, class_run), reports[name], seconds[name])

@@ -178,8 +178,9 @@ def fork_servers():
         sandbox.__exit__(None, None, None)
 
 
-# The sixteen slowest sandbox tests (each grades whole submissions in workers, or recomputes an audit's
-# demonstrations: about 110-125 s together on 2 cores) stay out of the default run; CI runs them: AGENTIC_RL_ALL_TESTS=1.
+# The slowest course tests (each grades whole submissions in workers, trains a real run, recomputes an audit's
+# demonstrations or measures the similarity report on whole files) stay out of the default run; CI runs them:
+# AGENTIC_RL_ALL_TESTS=1.
 SLOW_SANDBOX = pytest.mark.skipif(os.environ.get("AGENTIC_RL_ALL_TESTS") != "1",
                                   reason="a slow sandbox test: AGENTIC_RL_ALL_TESTS=1 runs it, as .ci/run does")
 

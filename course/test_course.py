@@ -450,7 +450,8 @@ def test_a_class_run_loses_no_ones_results_and_tells_every_student_apart(tmp_pat
         return grading.grade(folder, *args, **kwargs)
     monkeypatch.setattr(course.cli, "grade", grade_and_look)
     code, printed = course_here(capsys, "grade", klass, "--only", "clock", "--json", out, "--html", page, "--rerun", "0")
-    assert on_disk == [[], ["a_b.json"], ["a_b.json", "a_nb.json"]], "each student's results, written once graded"
+    assert on_disk == [[], ["a_b.json"], ["a_b.json", "a_nb.json"], ["a_b.json", "a_nb.json", "ana.json"]], \
+        "each student's results, written once graded"
     assert sorted(p.name for p in out.iterdir()) == ["a_b.json", "a_nb.json", "ana.json", "gone.json"]
     assert {oct(p.stat().st_mode & 0o777) for p in [*out.iterdir(), page]} == {"0o600"}
     assert "GRADER FAILED gone: the folder" in printed and "vanished" in printed and \
