@@ -434,7 +434,7 @@ def test_a_class_run_loses_no_ones_results_and_tells_every_student_apart(tmp_pat
     clash.mkdir(), klass.mkdir()
     for name in ("x y", "x_y"):
         answers_folder(clash, reference_answers(), name)
-    code, printed = course_here(capsys, "grade", clash, "--only", "clock", "--json", tmp_path / "clash-out")
+    code, printed = course_here(capsys, "grade", clash, "--only", "clock", "--json", tmp_path / "clash-out", "--rerun", "0")
     assert code == 2 and f"{clash / 'x y'} and {clash / 'x_y'}: two submissions whose results would be one file " \
                          "(x_y.json)" in printed, printed
     assert not (tmp_path / "clash-out").exists(), "refused before anything is graded"
