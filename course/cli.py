@@ -132,7 +132,8 @@ def main(argv):
                 if not class_run or isinstance(e, (ValueError, IsolationMissing)) and not vanished:
                     raise                        # the course's settings or the machine: every grading's
                 reports[name] = {"~failed": f"the folder {shown(str(folder))} vanished before it was graded" if
-                                 vanished else printable(repr(e))}
+                                 vanished else printable(repr(e)),   # the staff's; the student reads its kind alone
+                                 "~kind": "its folder vanished" if vanished else type(e).__name__}
             seconds[name] = time.time() - started
             if args.json:                        # written at once: a later failure loses no one's results
                 write_results(results_path(args.json, name, class_run), reports[name], seconds[name])
@@ -145,7 +146,7 @@ def main(argv):
         parser.error(str(e))
     except Exception as e:                       # the grader's own failure: say so, in results.json too
         if args.command == "grade" and args.json and len(args.dirs) == 1 and not Path(args.json).is_dir():
-            write_private(args.json, json.dumps(grader_failed(repr(e), time.time() - t)).encode())
+            write_private(args.json, json.dumps(grader_failed(type(e).__name__, time.time() - t)).encode())
         raise
     sys.exit(0 if report_class(reports, seconds, args.json, args.html, skipped) else 1)
 
@@ -199,9 +200,10 @@ def write_private(path, data: bytes):
 
 
 def write_results(path, report: dict, seconds: float):
-    failed = report.get("~failed")
-    write_private(path, json.dumps(grader_failed(failed, seconds) if failed else gradescope_results(report, seconds),
-                                   indent=2).encode())
+    """A submission's results.json (0600); where the grader failed, the student reads what kind of failure, never
+    the grader's own objects."""
+    write_private(path, json.dumps(grader_failed(report["~kind"], seconds) if "~failed" in report else
+                                   gradescope_results(report, seconds), indent=2).encode())
 
 
 def report_class(reports: dict, seconds: dict, json_path, html_path, skipped=()) -> bool:

@@ -271,6 +271,8 @@ def test_a_point_is_verified_contradicted_or_pending_and_never_granted_on_trust(
         assert (state(row), score(row)[0], pending_points(row)) == ("contradicted", 0, 0), audited(row)
     assert "clock.runs.value_zero[0] (seed 0): demonstrator success" in audited(rows["clock"]) and \
         "silent_bug_runs[0] (seed 0)" in staff and "not a run with its settings" in json.dumps(student)
+    untouched = exercises(grade(answers_folder(tmp_path, answers_template(), "untouched"), only=["clock", "silent_bug"]))
+    assert {c["status"] for row in untouched.values() for c in row["checks"]} == {"not started"}, untouched
 
 
 @SLOW_SANDBOX
@@ -422,7 +424,8 @@ def test_a_class_run_outlives_one_failed_grading_and_shows_folder_names_escaped(
     assert code == 1 and "GRADER FAILED broken: RuntimeError('boom')" in printed and "\x1b" not in printed
     assert "=== 'mallory\\x1b[2J\\ntotal 136 of 136" in printed and "\ntotal 136 of 136" not in printed, printed
     failed = json.loads((tmp_path / "out" / "broken.json").read_text())
-    assert "The grader failed, not your submission" in failed["output"] and len(list((tmp_path / "out").iterdir())) == 2
+    assert "The grader failed, not your submission (RuntimeError)" in failed["output"] and "boom" not in failed["output"]
+    assert len(list((tmp_path / "out").iterdir())) == 2
 
 
 def test_a_class_run_loses_no_ones_results_and_tells_every_student_apart(tmp_path, capsys, monkeypatch,
