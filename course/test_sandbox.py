@@ -671,14 +671,16 @@ def test_a_reply_out_of_turn_ends_its_exercise_and_no_grader_object_reaches_the_
 @SLOW_SANDBOX
 @pytest.mark.skipif(os.getuid() != 0 or not os.path.isdir(CGROUP_ROOT), reason="a worker's cgroup needs a root grader")
 def test_the_oom_killer_taking_the_worker_is_the_memory_limit_at_once(tmp_path, shared_sandbox):
-    """A red team's row: when the kernel's OOM killer took the worker itself, a process it had started kept the
-    socket open and the verdict was "time limit: an endless loop", after the whole time limit. Now the worker's
-    cgroup says so within a fraction of a second: "memory limit"."""
+    """A red team's row: when the kernel's OOM killer took the worker itself (its cgroup's limit passed by it and a
+    child together, each under its own RLIMIT_AS), the verdict was "time limit: an endless loop" after the whole
+    time limit, where the child kept the socket open, or else "crashes: your code ended its process". Now the
+    worker's cgroup says so within a fraction of a second: "memory limit"."""
     sub = tmp_path / "sub"
     write_handout(sub, only=["kl_k3"])
-    fill(sub / "agentic_rl.py", "kl_k3", ["import os, time", "if os.fork() == 0:", "    time.sleep(120)",
-                                          "    os._exit(0)", "hog = []", "while True:",
-                                          "    hog.append(bytearray(32 << 20))"])
+    fill(sub / "agentic_rl.py", "kl_k3", ["import os, time", "if os.fork() == 0:",      # a child holds 96 MiB
+                                          "    held = bytearray(96 << 20)", "    time.sleep(120)", "    os._exit(0)",
+                                          "time.sleep(1)", "hog = []", "while True:",       # the worker, more: the
+                                          "    hog.append(bytearray(16 << 20))"])           # OOM killer's choice
     t = time.time()
     report = grade(sub, only=["kl_k3"], time_limit=60, memory=384 << 20)
     checks = report["kl_k3"]["checks"]
