@@ -42,10 +42,10 @@ RECORD_CHECKS = {"clock": clock_numbers_are_your_runs_own_records.__name__,     
                  "silent_bug": silent_bug_answer_carries_the_runs_before_and_after_the_fix.__name__}  # these is audited
 
 
-def rerun(settings: dict, seconds: float, bug=None, threads: int = 1) -> dict:
+def rerun(settings: dict, seconds: float, bug=None) -> dict:
     """Train again here, within `seconds`, with the reference (and `bug` planted, as in the student's
     handout), these settings (the seed and the flags the experiment asks for, which record_of has found
-    in the record; every other setting at its default) on `threads` threads; the new run's record."""
+    in the record; every other setting at its default) on one thread; the new run's record."""
     flags = [part for name, value in settings.items() for part in
              [f"--{name.replace('_', '-')}"] + ([] if isinstance(value, bool) else [str(value)])]
     env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}      # the reference's training needs no secret
@@ -55,7 +55,7 @@ def rerun(settings: dict, seconds: float, bug=None, threads: int = 1) -> dict:
             script = Path(folder) / "agentic_rl.py"
             script.write_text(plant((course.REPO / "agentic_rl.py").read_text(), bug))
             shutil.copy(course.REPO / "envs.py", Path(folder) / "envs.py")
-        threaded = f"import runpy, sys, torch; torch.set_num_threads({int(threads)}); sys.argv[0] = {str(script)!r}; " \
+        threaded = f"import runpy, sys, torch; torch.set_num_threads(1); sys.argv[0] = {str(script)!r}; " \
                    f"sys.path.insert(0, {str(script.parent)!r}); runpy.run_path({str(script)!r}, run_name='__main__')"
         subprocess.run([sys.executable, "-c", threaded, "train", *flags, "--device", "cpu", "--run-dir", f"{folder}/run"],
                        capture_output=True, timeout=seconds, check=True, cwd=folder, env=env)
@@ -119,7 +119,7 @@ def rerun_check(where: str, record: dict, settings: dict, bug, seconds: float) -
     record's, "drifted" when one is not, "unfinished" when the grader could not finish the rerun; with the TA's
     line saying what it saw (and whether it came back bit for bit: the same machine and thread count alone do)."""
     try:
-        again = rerun(settings, seconds, bug, threads=1)
+        again = rerun(settings, seconds, bug)
     except Exception as e:                              # the grader's time or machine, never the student's doing
         return {"where": where, "state": "unfinished", "line": f"{where}: its rerun did not finish ({type(e).__name__}"
                 f"{', after ' + format(seconds, 'g') + ' s' if isinstance(e, subprocess.TimeoutExpired) else ''})"}

@@ -135,7 +135,7 @@ def print_grade(report: dict) -> bool:
         print(f"{ex:<16}{earned:>7.1f} / {possible:<5.1f} {passed:>3}/{len(row['checks']):<3}  "
               f"{'ok' if worst is None else worst['status'] + ': ' + worst['name']}" +
               (f"  [{SUSPICIOUS}]" if suspicious(row) else "") + (f"  [{NOT_CHECKED}]" if unchecked(row) else "") +
-              (f"\n{'':<16}{audited(row)}" if checked(row)[0] and state(row) else ""))
+              (f"\n{textwrap.indent(audited(row), ' ' * 16)}" if checked(row)[0] and state(row) else ""))
     for ex, row in rows.items():
         for c in row["checks"]:
             if c["status"] not in ("passed", "not started"):

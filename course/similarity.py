@@ -22,8 +22,8 @@ import pickle
 import re
 import select
 import signal
-import time
 import textwrap
+import time
 import tokenize
 
 import course

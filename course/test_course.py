@@ -186,11 +186,13 @@ def test_a_rerun_reproduces_a_real_record_and_trains_the_code_of_the_records_han
     one thread here; made on two (another grader's thread count), it is reproduced or drifts, and is never
     contradicted: its demonstrations are its settings' whatever the thread count."""
     from course.audit import contradictions
-    for threads in (1, 2):
-        monkeypatch.setattr(A.torch, "get_num_threads", A.torch.get_num_threads)   # restored at the test's end
+    threads = A.torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            A.torch.set_num_threads(n)
+            A.main(["train", *TINY_FLAGS, "--run-dir", str(tmp_path / f"run{n}")])    # a real run, in this process
+    finally:
         A.torch.set_num_threads(threads)
-        A.main(["train", *TINY_FLAGS, "--run-dir", str(tmp_path / f"run{threads}")])    # a real run, in this process
-    A.torch.set_num_threads(2)
     one, two = run_record(tmp_path / "run1"), run_record(tmp_path / "run2")
     checked = rerun_check("clock.runs.value_zero[0]", one, settings_of(one), None, 300)
     assert checked["state"] == "reproduced" and "bit for bit" in checked["line"], checked
@@ -224,7 +226,7 @@ def trained_again(answers, bug, drift=0.0):
             [(answers["silent_bug_runs"], bug), (answers["silent_bug_fixed_runs"], None),
              *[(records, None) for records in answers["clock"]["runs"].values()]] for r in records}
 
-    def rerun(settings, seconds, bug=None, threads=1):
+    def rerun(settings, seconds, bug=None):
         record = made[json.dumps(settings, sort_keys=True), bug]
         warm = record["summary"]["warm_start"]
         return {"summary": {"warm_start": {**warm, "sft_loss": warm["sft_loss"] + drift},
@@ -232,7 +234,7 @@ def trained_again(answers, bug, drift=0.0):
     return rerun
 
 
-def cannot_finish(settings, seconds, bug=None, threads=1):
+def cannot_finish(settings, seconds, bug=None):
     raise subprocess.TimeoutExpired("train", seconds)
 
 
