@@ -36,8 +36,8 @@ FLAG_EXERCISE = 0.75      # one exercise's share that flags it alone (measured, 
 SHORTEST = 25             # fresh solutions 0.05-0.37; one function: copies up to 1.00, fresh ones up to 0.58); a
                           # solution with fewer fingerprints is not judged alone (returns' loop has 17: any right answer
                           # is that loop), it still counts in the whole's share
-SIMILARITY_FUNCTIONS, SIMILARITY_TOKENS = 1_000, 150_000   # a submission's budget, both files together (the reference:
-                          # 227 functions and 36,000 tokens), counted before anything is parsed
+SIMILARITY_FUNCTIONS, SIMILARITY_TOKENS = 1_000, 150_000   # a submission's budget, both files together, counted by
+                          # size() before anything is parsed (the reference: 227 functions, 61,409 tokens)
 SIMILARITY_SECONDS = 20.0  # and its time, in a child process of its own: past it, "too large to compare"
 
 
@@ -332,18 +332,17 @@ def own_code_within(files: dict, exercises, unreadable=None, seconds: float = SI
             os._exit(0)
     os.close(write)
     data, deadline = bytearray(), time.monotonic() + seconds
+    names = dict.fromkeys(solution_functions()[ex][0] for ex in exercises)
+    none_of_it = lambda why: {**own_code({}, [], {}), "not_compared": {n: (unreadable or {}).get(n) or why for n in names}}
     try:
         while select.select([read], [], [], max(0.0, deadline - time.monotonic()))[0]:
             chunk = os.read(read, 1 << 20)
             if not chunk:
-                return pickle.loads(data) if data else own_code({}, [], {})
+                return pickle.loads(data) if data else none_of_it("the report's process ended without an answer")
             data += chunk
         os.kill(pid, signal.SIGKILL)
-        names = dict.fromkeys(solution_functions()[ex][0] for ex in exercises)
         functions, tokens = (sum(size(files.get(n) or "")[i] for n in names) for i in (0, 1))
-        return {**own_code({}, [], {}), "not_compared": {
-            n: (unreadable or {}).get(n) or f"too large to compare: {functions} functions, {tokens} tokens (not done "
-                                            f"within {seconds:g} s)" for n in names}}
+        return none_of_it(f"too large to compare: {functions} functions, {tokens} tokens (not done within {seconds:g} s)")
     finally:
         os.close(read)
         os.waitpid(pid, 0)
