@@ -1,15 +1,25 @@
-"""The audit: records of the experiments trained again here, with the reference (and the handout's bug, where the
-record was made with it), and compared with what the student handed in."""
+"""The audit: one rule for every automatic point of an experiment (E3, E8). Its points are
+- contradicted when a number that does not drift disagrees with a record: the demonstrator's success, recomputed
+  here in a second or two for every record (numpy's generator and the environment's rules alone decide it): the
+  experiment scores 0, and the TA's line names the record;
+- verified when a record drawn at random, trained again here with its settings (and the handout's bug, where it was
+  made with it), reproduces it within TOLERANCE (the drift measured between thread counts, with room): the points
+  are scored;
+- pending otherwise (no rerun finished, or one drifted past its tolerance): the points go to a person with what the
+  audit saw, never granted, never taken.
+The record is drawn among those a rerun can check: a run that bootstraps the task's own budget is unstable, and
+another thread count moves its candidate by up to 0.885 of its dev success (README), as far as a guess could be.
+The experiments' reruns run at once, one thread each (a grader's two cores), within the audit's seconds."""
 import functools
 import json
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -23,19 +33,19 @@ from course.lesson import (CLOCK_SETTINGS, E3_RUN, E8_RUNS, clock_numbers_are_yo
                            silent_bug_answer_carries_the_runs_before_and_after_the_fix)
 
 
-AUDIT_SECONDS = 600.0   # an audit's seconds per grading (grade's and the bundle's default): about one E3 and one E8
-                        # run trained again on 2 cores
-RERUN_TOLERANCE = 0.1   # the lesson's numbers (dev successes, mean training success) of a record trained again: see
-                        # the README's drift table (1, 2 and 4 threads) for what an honest rerun moves
-RECORD_CHECKS = {"clock": clock_numbers_are_your_runs_own_records.__name__,     # an experiment's runs are audited once
-                 "silent_bug": silent_bug_answer_carries_the_runs_before_and_after_the_fix.__name__}  # these pass
+AUDIT_SECONDS = 600.0   # the audit's seconds per grading (grade's and the bundle's default): one drawn record of each
+                        # experiment trained again, at once, one thread each (README: 139-279 s measured for one)
+TOLERANCE = {"warm start dev success": 0.05, "warm start SFT loss": 0.005,   # how far a rerun may move each number:
+             "candidate dev success": 0.1, "mean training success": 0.1}      # the drift measured between 1, 2 and 4
+                        # threads (README's drift table: 0, 0.0015, 0 and 0.034), with room for a seed or a machine
+RECORD_CHECKS = {"clock": clock_numbers_are_your_runs_own_records.__name__,     # an experiment whose records pass
+                 "silent_bug": silent_bug_answer_carries_the_runs_before_and_after_the_fix.__name__}  # these is audited
 
 
-def rerun(settings: dict, seconds: float, bug=None, threads: int = 1) -> dict:
+def rerun(settings: dict, seconds: float, bug=None) -> dict:
     """Train again here, within `seconds`, with the reference (and `bug` planted, as in the student's
     handout), these settings (the seed and the flags the experiment asks for, which record_of has found
-    in the record; every other setting at its default) and the record's thread count (torch's sums, and so
-    every number after the warm start, depend on it: README); the new run's record."""
+    in the record; every other setting at its default) on one thread; the new run's record."""
     flags = [part for name, value in settings.items() for part in
              [f"--{name.replace('_', '-')}"] + ([] if isinstance(value, bool) else [str(value)])]
     env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}      # the reference's training needs no secret
@@ -45,7 +55,7 @@ def rerun(settings: dict, seconds: float, bug=None, threads: int = 1) -> dict:
             script = Path(folder) / "agentic_rl.py"
             script.write_text(plant((course.REPO / "agentic_rl.py").read_text(), bug))
             shutil.copy(course.REPO / "envs.py", Path(folder) / "envs.py")
-        threaded = f"import runpy, sys, torch; torch.set_num_threads({int(threads)}); sys.argv[0] = {str(script)!r}; " \
+        threaded = f"import runpy, sys, torch; torch.set_num_threads(1); sys.argv[0] = {str(script)!r}; " \
                    f"sys.path.insert(0, {str(script.parent)!r}); runpy.run_path({str(script)!r}, run_name='__main__')"
         subprocess.run([sys.executable, "-c", threaded, "train", *flags, "--device", "cpu", "--run-dir", f"{folder}/run"],
                        capture_output=True, timeout=seconds, check=True, cwd=folder, env=env)
@@ -63,18 +73,22 @@ def demonstrator_success(warm_start_settings: str) -> float:
     return float(np.mean([ep.reward for ep in episodes]))
 
 
-def demonstrations_check(ex: str, runs: list) -> dict:
-    """Every record of an experiment against the demonstrations of its own settings: a record copied from another
-    seed's run, edited to other settings, or made up carries another number. Drift 0, so one that differs fails."""
+def contradictions(runs: list) -> list:
+    """Every record of an experiment against the demonstrations of its own settings (drift 0): one that carries
+    another number did not come from a run with its settings (made up, copied from another seed's run, edited)."""
     differ = []
     for where, record, settings, _ in runs:
         warm = json.dumps({k: v for k, v in settings.items() if k not in ("algo", "bootstrap_budget")}, sort_keys=True)
         mine, theirs = record["summary"].get("demonstrator_success"), demonstrator_success(warm)
         differ += [f"{where} (seed {settings['seed']}): demonstrator success {mine!r} in the record, {theirs} for its "
-                   "settings"] if mine != theirs else []
-    return {"name": f"every_{ex}_record_has_the_demonstrations_of_its_own_settings", "hidden": True, "audit": True,
-            "records": len(runs), "reproduced": len(runs) - len(differ), "status": "wrong" if differ else "passed",
-            "message": "; ".join(differ) + ": did not come from a run with its settings" if differ else ""}
+                   "settings: not a run with its settings"] if mine != theirs else []
+    return differ
+
+
+def checkable(settings: dict, bug) -> bool:
+    """Whether a rerun can check a record of these settings: not one that bootstraps the task's own budget (with
+    --bootstrap-budget, or the planted budget_bootstrapped on CodeRepair), which another thread count moves too far."""
+    return not settings.get("bootstrap_budget") and not (bug == "budget_bootstrapped" and "env" in settings)
 
 
 def audited_runs(ex: str, answers: dict, key: dict) -> list:
@@ -91,49 +105,60 @@ def audited_runs(ex: str, answers: dict, key: dict) -> list:
             for field, bug in parts for i in range(6)]
 
 
+def numbers(record: dict) -> dict:
+    """What a rerun compares (TOLERANCE's numbers), read from a record."""
+    summary = record["summary"]
+    return {"warm start dev success": summary["warm_start"]["dev_success"],
+            "warm start SFT loss": summary["warm_start"]["sft_loss"],
+            "candidate dev success": summary["candidate"]["dev_success"],
+            "mean training success": mean_of(record["metrics"], "success")}
+
+
 def rerun_check(where: str, record: dict, settings: dict, bug, seconds: float) -> dict:
-    """One record trained again: passed when the rerun's candidate dev success and mean training success are
-    each within RERUN_TOLERANCE of the record's; "not checked" when the grader cannot finish the rerun."""
-    check = {"name": f"rerun_of_{re.sub(r'[^0-9a-z]+', '_', where).strip('_')}_reproduces_its_record", "hidden": True,
-             "rerun": True}
-    threads, cores = record["summary"].get("threads"), os.cpu_count() or 1   # never more threads than cores: a record
-    try:                                                                       # claiming 256 would only slow the rerun
-        again = rerun(settings, seconds, bug, threads if type(threads) is int and 1 <= threads <= cores else cores)
+    """One record trained again on one thread: "reproduced" when every number is within its TOLERANCE of the
+    record's, "drifted" when one is not, "unfinished" when the grader could not finish the rerun; with the TA's
+    line saying what it saw (and whether it came back bit for bit: the same machine and thread count alone do)."""
+    try:
+        again = rerun(settings, seconds, bug)
     except Exception as e:                              # the grader's time or machine, never the student's doing
-        return {**check, "status": "not checked", "message": f"the grader could not finish this rerun "
-                f"({type(e).__name__}): not checked, no points lost; a TA may give --rerun more seconds"}
-    read = lambda r: (r["summary"]["warm_start"]["dev_success"], r["summary"]["candidate"]["dev_success"],
-                      mean_of(r["metrics"], "success"))
+        return {"where": where, "state": "unfinished", "line": f"{where}: its rerun did not finish ({type(e).__name__}"
+                f"{', after ' + format(seconds, 'g') + ' s' if isinstance(e, subprocess.TimeoutExpired) else ''})"}
     try:                                                # record_of has checked these numbers: this is a last guard
-        differ = [f"{what} {mine:.3f} in the record, {theirs:.3f} trained again here" for what, mine, theirs in
-                  zip(("warm start dev success", "candidate dev success", "mean training success"), read(record),
-                      read(again)) if not abs(mine - theirs) <= RERUN_TOLERANCE]      # NaN never passes
-    except (KeyError, TypeError, ValueError) as e:
+        mine, theirs = numbers(record), numbers(again)
+        differ = [f"{what} {mine[what]:.4g} in the record, {theirs[what]:.4g} trained again (tolerance "
+                  f"{TOLERANCE[what]})" for what in TOLERANCE if not abs(mine[what] - theirs[what]) <= TOLERANCE[what]]
+    except (KeyError, TypeError, ValueError) as e:      # NaN never passes
         differ = [f"its numbers cannot be compared ({type(e).__name__})"]
-    exact = [r["summary"]["warm_start"].get("sft_loss") for r in (record, again)] + \
-        [[m.get("grad_norm") for m in r["metrics"]] for r in (record, again)]
-    same = not differ and exact[0] == exact[1] and exact[2] == exact[3]   # the same machine and thread count alone
-    return {**check, "status": "wrong" if differ else "passed", "reproduced": int(not differ), "exact": same,
-            "message": f"{where} (seed {settings['seed']}): {'; '.join(differ)} (tolerance {RERUN_TOLERANCE}): did not "
-                       "reproduce" if differ else f"{where}: " + ("reproduced bit for bit (its SFT loss and every gradient "
-                       "norm)" if same else "reproduced within the tolerance (not bit for bit: another machine or "
-                       "thread count)")}
+    exact = not differ and mine["warm start SFT loss"] == theirs["warm start SFT loss"] and \
+        [m.get("grad_norm") for m in record["metrics"]] == [m.get("grad_norm") for m in again["metrics"]]
+    return {"where": where, "state": "drifted" if differ else "reproduced",
+            "line": f"{where} (seed {settings['seed']}) trained again: " + ("; ".join(differ) + ": more than the drift "
+                    "measured between thread counts" if differ else "reproduced " + ("bit for bit (its SFT loss and every "
+                    "gradient norm)" if exact else "within the tolerances (not bit for bit: another machine or thread "
+                    "count)"))}
 
 
 def audit(report: dict, answers: dict, key: dict, seconds: float) -> None:
-    """grade --rerun SECONDS: each experiment whose records pass their checks has every record's demonstrations
-    recomputed (demonstrations_check), then an equal share of the seconds: one of its runs, chosen at random, is
-    trained again, then more in random order while what is left of the share is at least what the last one took.
-    Each is a hidden check of its experiment; one that fails zeroes the experiment (report.score)."""
-    shares = [ex for ex, check in RECORD_CHECKS.items() if ex in report and
-              any(c["name"] == check and c["status"] == "passed" for c in report[ex]["checks"])]
-    for ex in shares:
-        runs, deadline, last = audited_runs(ex, answers, key), time.monotonic() + seconds / len(shares), 0.0
-        report[ex]["checks"].append(demonstrations_check(ex, runs))
-        for n, (where, record, settings, bug) in enumerate(random.sample(runs, len(runs))):
-            left = deadline - time.monotonic()
-            if n and left < last:
-                break
-            started = time.monotonic()
-            report[ex]["checks"].append(rerun_check(where, record, settings, bug, left))
-            last = time.monotonic() - started
+    """grade --rerun SECONDS: each experiment whose records pass their checks gets its audit, report[ex]["audit"]:
+    {"state": "verified", "contradicted" or "pending", "saw": what the audit saw, line by line}. Every record's
+    demonstrations are recomputed (contradictions: one that disagrees contradicts the experiment's points, which then
+    score 0); then one record of each experiment, drawn at random among those a rerun can check (checkable), is
+    trained again, the experiments at once, within `seconds` (rerun_check): reproduced, the experiment's points are
+    verified; drifted or unfinished, they are pending, for a person: never granted, never taken."""
+    audited = [ex for ex, check in RECORD_CHECKS.items() if ex in report and
+               any(c["name"] == check and c["status"] == "passed" for c in report[ex]["checks"])]
+    drawn = {}
+    for ex in audited:
+        runs = audited_runs(ex, answers, key)
+        differ = contradictions(runs)
+        report[ex]["audit"] = {"state": "contradicted", "saw": differ} if differ else \
+            {"state": "pending", "saw": [f"{len(runs)} records' demonstrations recomputed: each is its settings'"]}
+        drawn.update({} if differ else {ex: random.choice([run for run in runs if checkable(run[2], run[3])])})
+    deadline = time.monotonic() + seconds
+    with ThreadPoolExecutor(max_workers=max(1, len(drawn))) as pool:   # each waits on its own training process
+        checked = {ex: pool.submit(lambda run: rerun_check(*run, max(1.0, deadline - time.monotonic())), run)
+                   for ex, run in drawn.items()}
+    for ex, future in checked.items():
+        result = future.result()
+        report[ex]["audit"] = {"state": "verified" if result["state"] == "reproduced" else "pending",
+                               "saw": report[ex]["audit"]["saw"] + [result["line"]]}

@@ -48,7 +48,9 @@ def write_autograder(path, only=None, silent_bug=None, hidden_seed=None, rerun: 
     """`homework --autograder OUT.zip`: Gradescope's bundle, setup.sh and run_autograder at its root
     with the grading installation (the reference, every check, the secret); it grades --only's
     exercises when given, each submission against the handout ids of its submitters (Gradescope's
-    submission_metadata.json), and audits the experiments' records with `rerun` seconds of training."""
+    submission_metadata.json), and audits the experiments' records with `rerun` seconds of training: an
+    experiment's points are scored once verified, 0 when contradicted, and pending review otherwise (0: every
+    experiment pending)."""
     import zipfile
     path = Path(path)
     if path.suffix != ".zip" or path.exists():

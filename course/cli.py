@@ -7,17 +7,17 @@ import os
 import random
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-import agentic_rl as A
-from course.audit import AUDIT_SECONDS, RERUN_TOLERANCE
+from course.audit import AUDIT_SECONDS
 from course.bundle import gradescope_students, write_autograder
 from course.exercises import EXERCISES, SILENT_BUGS
 from course.grading import SUBMISSION_FILES, grade, printable
 from course.handouts import write_handout
 from course.ids import SECRET_ENV
-from course.report import grader_failed, gradescope_results, print_grade
+from course.report import carried, grader_failed, gradescope_results, print_grade
 from course.sandbox import IsolationMissing, missing_isolation
 from course.similarity import side_by_side, similarity
 
@@ -46,8 +46,9 @@ def main(argv):
                       f"knows it): answers.json carries an id and the experiments' seeds, made with the course's "
                       f"secret ({SECRET_ENV})")
     p_hw.add_argument("--rerun", type=float, default=None, help="with --autograder: seconds each grading spends "
-                      "training experiment records again (the audit; default 600: set Gradescope's autograder timeout "
-                      "to this plus 10 minutes); 0 = no audit")
+                      f"on the audit (default {AUDIT_SECONDS:g}: set Gradescope's autograder timeout to this plus 10 "
+                      "minutes); an experiment's points are scored only once a rerun has verified them (grade --help); "
+                      "0 = no audit, every experiment pending review")
     p_grade = sub.add_parser("grade", help="grade a submission (or a class of them) in a sandbox against this "
                              "installation's checks", allow_abbrev=False)
     p_grade.add_argument("dirs", nargs="*", default=["."], metavar="DIR", help="the submission's folder (default: "
@@ -69,9 +70,11 @@ def main(argv):
                        "bound to one of its submitters (the bundle's run_autograder passes it)")
     p_grade.add_argument("--rerun", type=float, default=AUDIT_SECONDS, help="seconds for the audit (default "
                          f"{AUDIT_SECONDS:g}, as the bundle's): every E3 and E8 record's demonstrations recomputed, then "
-                         "runs trained again, one of each experiment at random and more while the seconds last (dev "
-                         f"and mean training success within {RERUN_TOLERANCE}); a record that does not reproduce zeroes "
-                         "its experiment; 0 = no audit")
+                         "one record of each experiment, drawn at random, trained again (the two at once, one thread "
+                         "each). An experiment's points are verified (scored) when its rerun reproduces the record "
+                         "within the drift measured for its setting; contradicted (0) when a record's demonstrator "
+                         "success is not its settings'; pending otherwise (no rerun finished, or one drifted further): "
+                         "left to a person, never granted, never taken. 0 = no audit: every experiment pending")
     for p in (p_hw, p_grade):
         p.add_argument("--hidden-seed", default=None, help=argparse.SUPPRESS)     # refused below, by name
     args = parser.parse_args(argv)
@@ -107,71 +110,121 @@ def main(argv):
             return
         if args.rerun < 0 or not math.isfinite(args.rerun):
             raise ValueError(f"--rerun {args.rerun}: seconds for the audit, 0 (off) or more")
-        graded = submissions(args.dirs)
-        if len(graded) > 1 and (args.student or args.metadata):
+        graded, skipped = submissions(args.dirs)
+        class_run = len(graded) > 1 or bool(skipped)
+        if class_run and (args.student or args.metadata):
             raise ValueError("--student and --metadata name one submission's students; in a class, each folder's "
                              "name is its student")
-        reports = {}
+        for line in skipped:
+            print(line)
+        if class_run and args.json:
+            Path(args.json).mkdir(parents=True, exist_ok=True)
+        reports, seconds = {}, {}
         for name, folder in graded.items():
             students = gradescope_students(args.metadata) if args.metadata else \
-                [args.student] if args.student else [name] if len(graded) > 1 else []
+                [args.student] if args.student else [name] if class_run else []
+            started = time.time()
             try:
                 reports[name] = grade(folder, only, args.time_limit, args.silent_bug, secret, rerun_seconds=args.rerun,
                                       students=students, require_isolation=args.require_isolation)
             except Exception as e:               # in a class, one grading's failure is that student's alone
-                if len(graded) == 1 or isinstance(e, (ValueError, IsolationMissing)):
-                    raise
-                reports[name] = {"~failed": printable(repr(e))}
+                vanished = class_run and not folder.is_dir()
+                if not class_run or isinstance(e, (ValueError, IsolationMissing)) and not vanished:
+                    raise                        # the course's settings or the machine: every grading's
+                reports[name] = {"~failed": f"the folder {shown(str(folder))} vanished before it was graded" if
+                                 vanished else printable(repr(e)),   # the staff's; the student reads its kind alone
+                                 "~kind": "its folder vanished" if vanished else type(e).__name__}
+            seconds[name] = time.time() - started
+            if args.json:                        # written at once: a later failure loses no one's results
+                write_results(results_path(args.json, name, class_run), reports[name], seconds[name])
     except IsolationMissing as e:                # refused before any of the student's code ran
-        if args.json and len(args.dirs) == 1:
-            failed = json.dumps(grader_failed("the grading machine lacks part of its sandbox", time.time() - t))
-            A.atomic_write(args.json, lambda f: f.write(failed.encode()))
+        if args.json and len(args.dirs) == 1 and not Path(args.json).is_dir():
+            write_private(args.json, json.dumps(grader_failed("the grading machine lacks part of its sandbox",
+                                                              time.time() - t)).encode())
         parser.exit(2, f"python -m course grade: {e}\n")
     except ValueError as e:
         parser.error(str(e))
     except Exception as e:                       # the grader's own failure: say so, in results.json too
-        if args.command == "grade" and args.json and len(args.dirs) == 1:
-            failed = json.dumps(grader_failed(repr(e), time.time() - t)).encode()
-            A.atomic_write(args.json, lambda f: f.write(failed))
+        if args.command == "grade" and args.json and len(args.dirs) == 1 and not Path(args.json).is_dir():
+            write_private(args.json, json.dumps(grader_failed(type(e).__name__, time.time() - t)).encode())
         raise
-    sys.exit(0 if report_class(reports, args.json, args.html, time.time() - t) else 1)
+    sys.exit(0 if report_class(reports, seconds, args.json, args.html, skipped) else 1)
 
 
-def submissions(dirs: list) -> dict:
-    """name -> folder of each submission to grade: the folders given, or the folders inside the one given when it
-    holds no submitted file itself (a class, as a TA downloads it); each named by its folder."""
-    folders = [Path(d) for d in dirs]
+def submissions(dirs: list) -> tuple:
+    """(name -> folder of each submission to grade, a line for each thing skipped): the folders given, or the
+    folders inside the one given when it holds no submitted file itself (a class, as a TA downloads it), each
+    named by its folder; there, a folder whose name starts with a dot, and anything not a folder, is named as
+    skipped. Two submissions whose results would share a file (the same name, or names alike but for characters a
+    file name cannot hold, or case) are refused, by both names, before anything is graded."""
+    folders, skipped = [Path(d) for d in dirs], []
     if len(folders) == 1 and folders[0].is_dir() and not any((folders[0] / n).exists() for n in SUBMISSION_FILES):
-        folders = sorted(p for p in folders[0].iterdir() if p.is_dir() and not p.name.startswith(".")) or folders
-    names = [f.resolve().name for f in folders]
-    if len(set(names)) != len(names):
-        raise ValueError(f"{' '.join(dirs)}: two submissions share a folder name; name each folder after its student")
-    return dict(zip(names, folders))
+        inside = sorted(folders[0].iterdir())
+        skipped = [f"SKIPPED {shown(p.name)}: " + ("not a folder" if not p.is_dir() else "a folder whose name starts "
+                   f"with a dot (grade it by naming it: grade {shown(str(p))})") for p in inside
+                   if not p.is_dir() or p.name.startswith(".")]
+        folders = [p for p in inside if p.is_dir() and not p.name.startswith(".")] or folders
+        skipped = skipped if folders != [Path(dirs[0])] else []
+    names, files = {}, {}
+    for folder in folders:
+        name = folder.resolve().name
+        other = names.get(name) or files.get(results_name(name).casefold())
+        if other is not None:
+            raise ValueError(f"{shown(str(other))} and {shown(str(folder))}: two submissions whose results would be one "
+                             f"file ({results_name(name)}); rename one of the folders (each is named after its student)")
+        names[name] = files[results_name(name).casefold()] = folder
+    return names, skipped
 
 
-def report_class(reports: dict, json_path, html_path, seconds: float) -> bool:
+def results_name(name: str) -> str:
+    """A submission's results file in a class run's --json folder."""
+    return re.sub(r"[^\w@.+-]", "_", name) + ".json"
+
+
+def results_path(json_path, name: str, class_run: bool) -> Path:
+    return Path(json_path) / results_name(name) if class_run else Path(json_path)
+
+
+def write_private(path, data: bytes):
+    """Write beside `path`, then rename, readable by its owner alone (0600): results and the similarity page hold
+    what the course staff alone read. A new temporary file each time, never a link someone planted."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)   # 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_results(path, report: dict, seconds: float):
+    """A submission's results.json (0600); where the grader failed, the student reads what kind of failure, never
+    the grader's own objects."""
+    write_private(path, json.dumps(grader_failed(report["~kind"], seconds) if "~failed" in report else
+                                   gradescope_results(report, seconds), indent=2).encode())
+
+
+def report_class(reports: dict, seconds: dict, json_path, html_path, skipped=()) -> bool:
     """Compare every pair of a class's submissions, then print each report (the staff's lines first) and write
-    results.json and the similarity page; a class run ends with one line per degraded, flagged or failed
-    submission. A folder's name is shown escaped (it is the student's to choose). Returns whether every check of
-    every submission passed."""
+    results.json again with the classmates' similarity, and the similarity page; a class run ends with one line per
+    degraded, flagged, failed or skipped submission. A folder's name is shown as shown() writes it. Returns whether
+    every check of every submission passed."""
     graded = [name for name, report in reports.items() if "~failed" not in report]
     for a, b in itertools.permutations(graded, 2):
         reports[a]["~similarity"][shown(b)] = similarity(reports[a]["~own"], reports[b]["~own"])
+    class_run = len(reports) > 1 or bool(skipped)
     passed, tail = True, []
-    if json_path and len(reports) > 1:
-        Path(json_path).mkdir(parents=True, exist_ok=True)
     for name, report in reports.items():     # every process the submissions started is gone by now
-        if len(reports) > 1:
+        if class_run:
             print(f"\n=== {shown(name)} ===")
         failed = report.get("~failed")
         if failed:
             print(f"the grader failed on this submission, not the student: {failed}")
         passed &= not failed and print_grade(report)
-        if json_path:
-            path = Path(json_path) / (re.sub(r"[^\w@.+-]", "_", name) + ".json") if len(reports) > 1 else Path(json_path)
-            results = json.dumps(grader_failed(failed, seconds / len(reports)) if failed else
-                                 gradescope_results(report, seconds / len(reports)), indent=2).encode()
-            A.atomic_write(path, lambda f: f.write(results))
+        if json_path and class_run and not failed:
+            write_results(results_path(json_path, name, class_run), report, seconds[name])
         if failed:
             tail.append(f"GRADER FAILED {shown(name)}: {failed}")
             continue
@@ -179,20 +232,29 @@ def report_class(reports: dict, json_path, html_path, seconds: float) -> bool:
         tail += [f"DEGRADED {shown(name)}: its code ran without {', '.join(missing)}"] * bool(missing)
         tail += [f"FLAGGED {shown(name)}: {sim['share']:.2f} of its own code is {against}'s" for against, sim in
                  report["~similarity"].items() if sim["flagged"]]
+        tail += [f"FLAGGED {shown(name)}: {line}" for line in carried(report)]
+    tail += list(skipped)
     if html_path:
+        pairs = [{"name": shown(name), "against": against, "share": sim["share"], "fingerprints": sim["fingerprints"],
+                  "flagged": sim["flagged"], "not_compared": sim["not_compared"],
+                  "exercises": {ex: row["share"] for ex, row in sim["exercises"].items() if row["fingerprints"]}}
+                 for name in graded for against, sim in reports[name]["~similarity"].items()]
         rows = [{"name": shown(name), "against": against, **row, "exercise": ex} for name in graded
-                for against, sim in reports[name]["~similarity"].items() if sim["flagged"] or len(reports) == 1
+                for against, sim in reports[name]["~similarity"].items() if sim["flagged"] or len(graded) == 1
                 for ex, row in sim["exercises"].items() if row["fingerprints"]]
-        page = side_by_side(f"code similarity: {len(reports)} submission{'s' * (len(reports) > 1)}", rows)
-        A.atomic_write(html_path, lambda f: f.write(page.encode()))
-        tail.append(f"wrote {html_path} (the matching code side by side)")
-    if len(reports) > 1:
-        print("\n" + "\n".join(tail or ["no submission degraded, flagged or failed"]))
+        page = side_by_side(f"code similarity: {len(reports)} submission{'s' * (len(reports) > 1)}", pairs, rows)
+        write_private(html_path, page.encode())
+        tail.append(f"wrote {html_path} (every pair, then the matching code side by side)")
+    if class_run:
+        print("\n" + "\n".join(tail or ["no submission degraded, flagged, failed or skipped"]))
     elif tail[-1:] and tail[-1].startswith("wrote"):
         print(tail[-1])
     return passed
 
 
 def shown(name: str) -> str:
-    """A folder's name as the TA's terminal shows it: control characters and line breaks escaped."""
-    return printable(name).replace("\n", "\\n").replace("\t", "\\t")
+    """A folder's name as the TA's terminal shows it: as it is when it is plain (printable ASCII, no backslash or
+    quote), else as Python's ascii() writes it, in quotes ('a\\nb', 'a\\\\nb', 'Jos\\xe9'): no control character
+    reaches the terminal, and two names never look alike."""
+    plain = all(" " <= c <= "~" for c in name) and not any(c in name for c in "\\'\"")
+    return name if plain and name else ascii(name)

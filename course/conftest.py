@@ -62,13 +62,14 @@ def demonstrations_as_made_up(warm_start_settings: str) -> float:
     return made_up(config["seed"], config["env"], config["hide_clock"])[0]
 
 
-def reference_answers(seeds=README_SEEDS, handout=None) -> dict:
+def reference_answers(seeds=README_SEEDS, handout=None, exercises=None) -> dict:
     """answers.json as the reference would write it, for a handout with ratio_always_one: the README's
     measured E3 numbers and E8's signature, in records of the runs' shape made with these seeds (the README's
-    own, by default: the numbers a student could copy)."""
+    own, by default: the numbers a student could copy); with the handout's id and exercises where given."""
     clock = {"value_zero": [1.0, 1.0, 1.0], "bootstrap_budget": [0.46, 0.0, 0.0],
              "hidden_clock_value_zero": [1.0, 1.0, 1.0], "hidden_clock_bootstrap_budget": [0.0, 0.43, 0.0]}
-    return {**({"handout": handout} if handout else {}), "seeds": list(seeds),
+    return {**({"handout": handout} if handout else {}), **({"exercises": exercises} if exercises else {}),
+            "seeds": list(seeds),
             "silent_bug": "ratio_always_one: ppo_step_loss passed logprobs.detach() as the old log-probs; it now "
                           "passes the log-probs recorded when the episodes were sampled",
             "silent_bug_evidence": "clip_frac and approx_kl are exactly 0 in every iteration of seed 0, seed 1 and "
@@ -177,8 +178,9 @@ def fork_servers():
         sandbox.__exit__(None, None, None)
 
 
-# The sixteen slowest sandbox tests (each grades whole submissions in workers, or recomputes an audit's
-# demonstrations: about 110-125 s together on 2 cores) stay out of the default run; CI runs them: AGENTIC_RL_ALL_TESTS=1.
+# The slowest course tests (each grades whole submissions in workers, trains a real run, recomputes an audit's
+# demonstrations or measures the similarity report on whole files) stay out of the default run; CI runs them:
+# AGENTIC_RL_ALL_TESTS=1.
 SLOW_SANDBOX = pytest.mark.skipif(os.environ.get("AGENTIC_RL_ALL_TESTS") != "1",
                                   reason="a slow sandbox test: AGENTIC_RL_ALL_TESTS=1 runs it, as .ci/run does")
 

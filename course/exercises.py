@@ -62,6 +62,8 @@ EXPERIMENTS = {"silent_bug": 16, "clock": 16}  # points of the open exercises gr
 READ_BY_A_PERSON = {"silent_bug": (("silent_bug",), 4), "clock": (("clock", "why"), 4)}  # prose (E8's account of the bug,
                                           # E3's why: where it is in answers.json) and its points: a TA grades it
                                           # (Gradescope: a manual question); no keyword test stands in for reading it
+ANSWER_FIELDS = {"silent_bug": ("silent_bug", "silent_bug_evidence", "silent_bug_runs", "silent_bug_fixed_runs"),
+                 "clock": ("clock",)}     # each experiment's fields of answers.json: all empty, it is not started
 SILENT_BUGS = {  # id -> (what a reader would call it, the function, the line as written, as planted, its signature)
     "loss_on_observations": ("the policy loss also covers observation and prompt tokens", "ppo_step_loss",
                              "ppo_clip_loss(logprobs, old_logprobs, adv, mask, cfg.clip_eps)",
@@ -86,3 +88,12 @@ SILENT_BUGS = {  # id -> (what a reader would call it, the function, the line as
 
 def mean_of(metrics, key) -> float:
     return sum(m[key] for m in metrics) / max(1, len(metrics))
+
+
+def filled_in(value) -> bool:
+    """Whether an answer holds anything: a number, or text, a list or an object with something filled in."""
+    if isinstance(value, dict):
+        return any(filled_in(v) for v in value.values())
+    if isinstance(value, list):
+        return any(filled_in(v) for v in value)
+    return value not in (None, "")

@@ -11,12 +11,13 @@ from pathlib import Path
 
 from course.audit import audit
 from course.checks import EXPERIMENT_CHECKS, HIDDEN, HOMEWORK, NotChecked
-from course.exercises import CALLBACKS, EXERCISE_FILE, EXERCISES, EXPERIMENTS, READ_BY_A_PERSON
+from course.exercises import (ANSWER_FIELDS, CALLBACKS, EXERCISE_FILE, EXERCISES, EXPERIMENTS, READ_BY_A_PERSON,
+                              filled_in)
 from course.handouts import check_only, handout_text
 from course.ids import answer_key, hidden_seed_of, installation_file, strong_secret
 from course.sandbox import (MEMORY_LIMIT, SANDBOX_USER, GraderFailure, GradeTimeout, IsolationMissing, Remote,
-                            Sandbox, Worker, WorkerGone, missing_isolation, student_error)
-from course.similarity import own_code, reference_code, similarity
+                            Sandbox, Worker, WorkerGone, WorkerOutOfMemory, missing_isolation, student_error)
+from course.similarity import own_code_within, reference_code, similarity
 
 
 MAX_MESSAGE = 4000
@@ -130,6 +131,8 @@ def verdict(e: Exception) -> tuple:
         return "wrong", str(e)
     if isinstance(e, GradeTimeout):
         return "time limit", "stopped at the time limit: an endless loop, or far too slow"
+    if isinstance(e, WorkerOutOfMemory):
+        return "memory limit", f"stopped at the memory limit: {e}"
     if isinstance(e, MemoryError) and getattr(e, "from_student", False) and not getattr(e, "stated", False):
         return "memory limit", f"stopped at the memory limit ({MEMORY_LIMIT >> 20} MiB more than torch itself): " \
                                f"{type(e).__name__}: {e}"
@@ -153,11 +156,11 @@ def run_check(check, *args) -> tuple:
         return status, printable(message)
 
 
-def printable(text: str) -> str:
+def printable(text: str, limit=MAX_MESSAGE) -> str:
     """A message as the TA's terminal and results.json should show it: control characters escaped (no
-    student can clear a screen or fake a total), at most MAX_MESSAGE characters."""
+    student can clear a screen or fake a total), at most `limit` characters (None: in full)."""
     text = "".join(c if c in "\n\t" or c.isprintable() else repr(c)[1:-1] for c in str(text))
-    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + f" ... ({len(text) - MAX_MESSAGE} more characters)"
+    return text if limit is None or len(text) <= limit else text[:limit] + f" ... ({len(text) - limit} more characters)"
 
 
 def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
@@ -200,14 +203,34 @@ def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
     return row
 
 
+def handed_out(answers, key, secret) -> tuple:
+    """(the exercises a handout holds, as its answers.json names them in "exercises", a note for the staff or ''):
+    every exercise where it names none (a handout made before it did), where the list is not one of known exercise
+    ids, or where the course's secret is in use and the handout id does not verify it (the id binds the list)."""
+    listed = (answers or {}).get("exercises")
+    if listed is None:
+        return list(EXERCISES), ""
+    if not (isinstance(listed, list) and listed and all(isinstance(ex, str) and ex in EXERCISES for ex in listed)):
+        return list(EXERCISES), (f"answers.json's exercises {str(listed)[:200]!r} is not a list of exercise ids "
+                                 f"({', '.join(EXERCISES)}): every exercise graded")
+    if secret and not (key or {}).get("seeds"):
+        return list(EXERCISES), ("answers.json's exercises are not verified by a handout id issued to this student: "
+                                 "every exercise graded")
+    return [ex for ex in EXERCISES if ex in listed], ""
+
+
 def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, hidden_seed=None,
           user=SANDBOX_USER, memory: int = MEMORY_LIMIT, rerun_seconds: float = 0.0, students=(),
           require_isolation: bool = False) -> dict:
-    """Grade a submission: its agentic_rl.py, envs.py and answers.json, read first; each exercise in
-    a fresh sandboxed worker within time_limit seconds, against this installation's checks; every
-    verdict reached here; the experiments against the key of the student's handout (students: whom its id
-    may be bound to), and audited with rerun_seconds. Returns {exercise: {"points", "checks": [{"name",
-    "hidden", "status", "message"}]}} with "~sandbox" (what the workers ran as) once every process is gone."""
+    """Grade a submission: its agentic_rl.py, envs.py and answers.json, read first; the exercises `only` names, or
+    else those its handout holds (handed_out) and the experiments; each exercise in a fresh sandboxed worker within
+    time_limit seconds, against this installation's checks; every verdict reached here; the experiments against
+    the key of the student's handout (students: whom its id may be bound to), and audited with rerun_seconds
+    (course/audit.py: their points verified, contradicted or pending; rerun_seconds 0, pending). Returns
+    {exercise: {"points", "checks": [{"name", "hidden", "status", "message"}]}, an experiment's with "audit" and
+    its prose's "pending"} with "~sandbox" (what the workers ran as) once every process is gone, the similarity
+    report ("~own", "~similarity") and "~bugs" (the silent bugs its agentic_rl.py carries that its handout had
+    not)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ValueError(f"{directory}: no such directory; name the folder that holds the submission")
@@ -224,9 +247,10 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
                          "is (grade --student NAME, or --metadata with Gradescope's submission_metadata.json)")
     HIDDEN["seed"] = hidden_seed_of(secret, students)
     key = answer_key(answers, secret, students, silent_bug) if answers else None
-    report = {}
+    given, note = handed_out(answers, key, secret)
+    report = {"~handout": note} if note and only is None else {}
     with Sandbox(user, memory) as sandbox:
-        graded = [e for e in EXERCISES if only is None or e in only]
+        graded = [e for e in EXERCISES if (e in only if only is not None else e in given)]
         problems = compile_problems(sandbox, submission, time_limit) if graded else {}
         missing = missing_isolation(f"{sandbox.note}, {getattr(sandbox, 'isolation', 'no worker started')}")
         if require_isolation and missing:      # found by the compiler's worker, before any of the student's code runs
@@ -236,10 +260,13 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
         for ex in graded:
             report[ex] = grade_exercise(sandbox, ex, files_for(ex, submission, problems), time_limit)
     for ex in experiments:
-        report[ex] = {"points": EXPERIMENTS[ex], "checks": []}
+        report[ex] = {"points": EXPERIMENTS[ex], "checks": [], "audit": {"state": "pending", "saw": [
+            "not trained again: the audit was off (--rerun 0)" if not rerun_seconds else "not audited"]}}
+        started = answers is not None and any(filled_in(answers.get(field)) for field in ANSWER_FIELDS[ex])
         for check_ex, name, check, hidden in EXPERIMENT_CHECKS:
             if check_ex == ex:
-                status, message = ("not started", answers_problem) if answers is None else run_check(check, answers, key)
+                status, message = run_check(check, answers, key) if started else ("not started", answers_problem or
+                                  f"answers.json: nothing is filled in for it yet ({', '.join(ANSWER_FIELDS[ex])})")
                 report[ex]["checks"].append({"name": name, "hidden": hidden, "status": status, "message": message})
         if ex in READ_BY_A_PERSON:           # its prose, for a person to read: pending, whatever words it uses
             path, points = READ_BY_A_PERSON[ex]
@@ -247,11 +274,16 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
             for part in path:
                 said = said.get(part) if isinstance(said, dict) else None
             report[ex]["pending"] = {"field": ".".join(path), "points": points,
-                                     "answer": printable(str(said or "(empty)"))[:4000]}
+                                     "answer": printable(str(said or "(empty)"), limit=None)}
     if rerun_seconds:
         audit(report, answers, key, rerun_seconds)
     report["~sandbox"] = f"{sandbox.note}, {getattr(sandbox, 'isolation', 'no worker started')}"
-    report["~own"] = own_code({name: None if problems.get(name) else submission[name][0]   # never parsed here if
-                               for name in ("agentic_rl.py", "envs.py")}, graded)        # it did not compile there
-    report["~similarity"] = {"the public reference": similarity(report["~own"], reference_code(graded))}
+    unreadable = {name: f"it did not compile or could not be read ({problems[name][1][:200]})"
+                  for name in ("agentic_rl.py", "envs.py") if problems.get(name)}     # never parsed here
+    report["~own"] = own_code_within({name: submission[name][0] for name in ("agentic_rl.py", "envs.py")
+                                      if name not in unreadable}, graded, unreadable)
+    report["~similarity"] = {"the public reference": similarity(report["~own"], reference_code(tuple(sorted(graded))))}
+    knows_the_bug = key is not None and key.get("seeds") is not None and bool(secret or key["silent_bug"])
+    report["~bugs"] = {"own": key and key["silent_bug"], "others": [b for b in report["~own"]["planted"]
+                                                                    if b != key["silent_bug"]] if knows_the_bug else []}
     return report

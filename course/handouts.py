@@ -77,10 +77,11 @@ def function_spans(text: str) -> dict:
     return spans
 
 
-def answers_template(handout_id=None, seeds=README_SEEDS) -> dict:
-    """answers.json as a handout ships it: the keys the graded experiments (E3, E8) fill in, and the seeds
-    they ask for."""
-    return {**({"handout": handout_id} if handout_id else {}), "seeds": list(seeds), "silent_bug": "",
+def answers_template(handout_id=None, seeds=README_SEEDS, exercises=tuple(EXERCISES)) -> dict:
+    """answers.json as a handout ships it: the exercises it hands out (grade grades those), the keys the graded
+    experiments (E3, E8) fill in, and the seeds they ask for."""
+    return {**({"handout": handout_id} if handout_id else {}), "exercises": list(exercises), "seeds": list(seeds),
+            "silent_bug": "",
             "silent_bug_evidence": "", "silent_bug_runs": [], "silent_bug_fixed_runs": [],
             "clock": {**{k: [] for k in CLOCK_SETTINGS}, "why": "", "runs": {}}}
 
@@ -104,7 +105,8 @@ def plant(text: str, bug: str) -> str:
 
 def write_handout(out, only=None, silent_bug=None, hidden_seed=None, student=None) -> list:
     """`homework --out DIR`: copy the project with the solution regions blanked, the hidden checks, the
-    grader and the open exercises' answers left out, and (--silent-bug) one realistic bug planted; with
+    grader and the open exercises' answers left out, and (--silent-bug) one realistic bug planted; its answers.json
+    names the exercises handed out (grade grades those), and with
     --student and the course's secret, answers.json carries an id bound to that student, which names the bug
     to the grader only, and the experiments' seeds drawn from it. Never in place."""
     src, out = course.REPO, Path(out).resolve()
@@ -122,8 +124,9 @@ def write_handout(out, only=None, silent_bug=None, hidden_seed=None, student=Non
     if student is not None and not (student_name(student) and hidden_seed):
         raise ValueError(f"--student {student!r}: an id bound to a student needs their name or email and the course's "
                          f"secret in {SECRET_ENV} (make one with {MAKE_A_SECRET})")
+    handed = [ex for ex in EXERCISES if only is None or ex in only]
     handout_id, seeds = (None, README_SEEDS) if student is None else new_handout(strong_secret(hidden_seed), student,
-                                                                                 silent_bug)
+                                                                                 silent_bug, handed)
     blanked, texts = [], {}
     for name in HANDOUT_FILES:
         texts[name] = (src / name).read_text()
@@ -138,7 +141,7 @@ def write_handout(out, only=None, silent_bug=None, hidden_seed=None, student=Non
     if silent_bug:
         texts["agentic_rl.py"] = plant(texts["agentic_rl.py"], silent_bug)
         texts["test_agentic_rl.py"] = strip_marked(texts["test_agentic_rl.py"], "# {} TESTS THAT NAME A SILENT BUG")
-    texts["answers.json"] = json.dumps(answers_template(handout_id, seeds), indent=2) + "\n"
+    texts["answers.json"] = json.dumps(answers_template(handout_id, seeds, handed), indent=2) + "\n"
     try:
         for name, text in texts.items():
             (out / name).parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import random
 import re
 
 import course
-from course.exercises import SILENT_BUGS
+from course.exercises import EXERCISES, SILENT_BUGS
 from course.lesson import README_SEEDS
 
 
@@ -46,10 +46,13 @@ def mac(secret: str, *parts) -> bytes:
     return hmac.new(secret.encode(), json.dumps(parts).encode(), hashlib.sha256).digest()
 
 
-def handout_tag(secret: str, nonce: str, student: str, bug: str) -> str:
-    """The handout id's tag: it names the student and the planted bug ('' for none) only to whoever holds the
-    course's secret, and nobody without it can make one."""
-    return mac(secret, "handout", nonce, student_name(student), bug).hex()[:16]
+def handout_tag(secret: str, nonce: str, student: str, bug: str, exercises=None) -> str:
+    """The handout id's tag: it names the student, the planted bug ('' for none) and the exercises handed out
+    (answers.json's "exercises": every exercise, or none named, is a whole handout's tag) only to whoever holds the
+    course's secret, and nobody without it can make one: an edited list no longer verifies."""
+    whole = exercises is None or (isinstance(exercises, list) and sorted(map(str, exercises)) == sorted(EXERCISES))
+    return mac(secret, "handout", nonce, student_name(student), bug,
+               *([] if whole else [sorted(exercises) if isinstance(exercises, list) else exercises])).hex()[:16]
 
 
 def experiment_seeds(secret: str, nonce: str, student: str) -> list:
@@ -63,18 +66,19 @@ def experiment_seeds(secret: str, nonce: str, student: str) -> list:
     return seeds
 
 
-def new_handout(secret: str, student: str, bug) -> tuple:
-    """(id, seeds) of a handout made for one student: 'nonce-tag', bound to them and to its planted bug."""
+def new_handout(secret: str, student: str, bug, exercises=None) -> tuple:
+    """(id, seeds) of a handout made for one student: 'nonce-tag', bound to them, to its planted bug and to the
+    exercises it hands out."""
     nonce = f"{random.SystemRandom().getrandbits(48):012x}"
-    return f"{nonce}-{handout_tag(secret, nonce, student, bug or '')}", experiment_seeds(secret, nonce, student)
+    return f"{nonce}-{handout_tag(secret, nonce, student, bug or '', exercises)}", experiment_seeds(secret, nonce, student)
 
 
-def issued_to(handout, secret: str, students) -> tuple:
+def issued_to(handout, secret: str, students, exercises=None) -> tuple:
     """(student, planted bug or '') of the handout whose id a submission carries, if this course issued it to
-    one of `students`; else None."""
+    one of `students` with these exercises (answers.json's "exercises"); else None."""
     nonce, _, tag = str(handout).partition("-")
     return next(((s, bug) for s in students for bug in ("", *SILENT_BUGS)
-                 if hmac.compare_digest(handout_tag(secret, nonce, s, bug), tag)), None)
+                 if hmac.compare_digest(handout_tag(secret, nonce, s, bug, exercises), tag)), None)
 
 
 def answer_key(answers: dict, secret, students, silent_bug) -> dict:
@@ -84,11 +88,11 @@ def answer_key(answers: dict, secret, students, silent_bug) -> dict:
     if not secret:
         return {"seeds": README_SEEDS, "silent_bug": silent_bug or installation_file("silent_bug.txt"), "why": ""}
     handout = answers.get("handout")
-    found = issued_to(handout, secret, students) if isinstance(handout, str) else None
+    found = issued_to(handout, secret, students, answers.get("exercises")) if isinstance(handout, str) else None
     if found is None:
         return {"seeds": None, "silent_bug": None, "why": "answers.json carries no handout id issued to you by this "
-                "course: keep the \"handout\" your answers.json came with (a classmate's id, or an edited one, does "
-                "not verify; each student's experiments have seeds of their own)"}
+                "course: keep the \"handout\" and \"exercises\" your answers.json came with (a classmate's id, or an "
+                "edited one, does not verify; each student's experiments have seeds of their own)"}
     student, bug = found
     return {"seeds": experiment_seeds(secret, handout.partition("-")[0], student), "silent_bug": bug or None, "why": ""}
 

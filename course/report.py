@@ -1,5 +1,7 @@
 """What grading reports: the points of each exercise (visible and hidden halves), the TA's printed summary, and
-Gradescope's results.json, where what the course staff alone should read sits in a hidden test."""
+Gradescope's results.json, where what the course staff alone should read sits in a hidden test. An experiment's
+points are scored only when its audit verified them (course/audit.py): contradicted, they are 0; pending, they go
+to a person, never granted, never taken. A student reads "verified" or "pending review", never what the audit saw."""
 import textwrap
 
 from course.sandbox import missing_isolation
@@ -10,15 +12,14 @@ def exercises(report: dict) -> dict:
 
 
 def counted(row: dict) -> list:
-    """The checks that count: a rerun the grader could not finish ("not checked") costs the student nothing."""
+    """The checks that count: one the grader could not make on this evidence ("not checked") costs nothing."""
     return [c for c in row["checks"] if c["status"] != "not checked"]
 
 
-def score(row: dict, hidden=None) -> tuple:
-    """(points earned, points possible) of an exercise (or of its hidden / visible checks): the
-    visible checks share half its points and the hidden ones the other half, each counted check of a
-    half alike, so hard-coding what the handout shows earns half at most. A record that the audit could not
-    reproduce zeroes its experiment: its numbers did not come from the runs they claim."""
+def checked(row: dict, hidden=None) -> tuple:
+    """(points its checks earn, points possible) of an exercise (or of its hidden / visible checks): the visible
+    checks share half its points and the hidden ones the other half, each counted check of a half alike, so
+    hard-coding what the handout shows earns half at most."""
     halves = [[c for c in counted(row) if c["hidden"] == h] for h in (False, True)]
     earned = possible = 0.0
     for h, part in zip((False, True), halves):
@@ -26,22 +27,34 @@ def score(row: dict, hidden=None) -> tuple:
             weight = row["points"] / sum(1 for half in halves if half)
             earned += weight * sum(c["status"] == "passed" for c in part) / len(part)
             possible += weight
-    return (0.0 if failed_audit(row) else earned), possible
+    return earned, possible
 
 
-def failed_audit(row: dict) -> bool:
-    """A record whose demonstrations are not its settings' (drift 0: README): the experiment scores 0."""
-    return any(c.get("audit") and c["status"] == "wrong" for c in row["checks"])
+def state(row: dict):
+    """An experiment's audit: "verified", "contradicted" or "pending"; None for a code exercise."""
+    return (row.get("audit") or {}).get("state")
+
+
+def score(row: dict, hidden=None) -> tuple:
+    """(points scored, points possible): what the checks earn (checked), for an experiment only when its audit
+    verified its records (a rerun of a drawn record reproduced it); contradicted (a record's demonstrations are
+    not its settings') or pending (no rerun finished, or one drifted past its tolerance), it scores 0 here, and
+    pending_points says what a person is to grade."""
+    earned, possible = checked(row, hidden)
+    return (earned if state(row) in (None, "verified") else 0.0), possible
+
+
+def pending_points(row: dict, hidden=None) -> float:
+    """The points of an experiment its checks earn and its audit could neither verify nor contradict: a person's."""
+    return checked(row, hidden)[0] if state(row) == "pending" else 0.0
 
 
 def audited(row: dict) -> str:
-    """The TA's line on an experiment's audit: how many records were checked, how many reproduced."""
-    demos = [c for c in row["checks"] if c.get("audit")]
-    runs = [c for c in row["checks"] if c.get("rerun") and c["status"] != "not checked"]
-    return (f"audit: {sum(c['records'] for c in demos)} records' demonstrations recomputed, "
-            f"{sum(c['reproduced'] for c in demos)} reproduced; {len(runs)} runs trained again, "
-            f"{sum(c['reproduced'] for c in runs)} reproduced ({sum(c['exact'] for c in runs)} bit for bit)" +
-            (": a record did not reproduce its demonstrations, the experiment scores 0" if failed_audit(row) else ""))
+    """The TA's line on an experiment's audit: its state, the points it leaves to a person, and what it saw."""
+    pending = pending_points(row)
+    return f"audit: {state(row)}" + (f" ({pending:g} points for a person to grade)" if pending else "") + \
+        (": the experiment scores 0" if state(row) == "contradicted" else "") + \
+        "".join(f"\n    {line}" for line in row["audit"]["saw"])
 
 
 def suspicious(row: dict) -> bool:
@@ -51,13 +64,13 @@ def suspicious(row: dict) -> bool:
 
 
 def unchecked(row: dict) -> bool:
-    """A rerun of this experiment could not finish: a TA may want to run it."""
+    """A check the grader could not make on this evidence: a TA may want to look."""
     return any(c["status"] == "not checked" for c in row["checks"])
 
 
 SUSPICIOUS = "visible checks pass, hidden checks fail: a TA should read this code (hard-coded answers?)"
-NOT_CHECKED = "a check the grader could not make (a rerun it could not finish, runs with nothing to judge) is not " \
-              "checked (no points lost): a TA may look"
+NOT_CHECKED = "a check the grader could not make (runs with nothing to judge) is not checked (no points lost): a TA " \
+              "may look"
 
 
 def quoted(message: str) -> str:
@@ -86,18 +99,29 @@ def sandbox_lines(report: dict) -> list:
 
 def similarity_lines(report: dict) -> list:
     """How much of the submission's own code is the public reference's (and, in a class run, each classmate's):
-    where a TA should read, never a score."""
+    where a TA should read, never a score; what could not be compared, and a classmate's planted bug it carries."""
     return [f"similarity to {against}: {sim['share']:.2f} of {sim['fingerprints']} fingerprints of its own code"
             f"{' FLAGGED: a TA should read both side by side' if sim['flagged'] else ''} (" +
             ", ".join(f"{ex} {r['share']:.2f}" for ex, r in sim["exercises"].items() if r["fingerprints"]) + ")" +
             (f"; not found, so defined some other way (read it): {', '.join(sim['missing'])}" if sim["missing"] else "") +
-            (f"; helpers holding that code: {', '.join(sim['helpers'])}" if sim["helpers"] else "")
-            for against, sim in report.get("~similarity", {}).items() if sim["fingerprints"]]
+            (f"; helpers holding that code: {', '.join(sim['helpers'])}" if sim["helpers"] else "") +
+            (f"; not compared: {'; '.join(sim['not_compared'])}" if sim["not_compared"] else "")
+            for against, sim in report.get("~similarity", {}).items() if sim["fingerprints"] or sim["not_compared"]] + \
+        [f"FLAGGED: {line}" for line in carried(report)]
+
+
+def carried(report: dict) -> list:
+    """A silent bug planted in another student's handout, in this submission: it copied that classmate's file."""
+    own = report.get("~bugs", {}).get("own")
+    return [f"its agentic_rl.py carries the silent bug {bug!r}, planted in another student's handout (its own: "
+            f"{own or 'none'}): a copy of a classmate's file" for bug in report.get("~bugs", {}).get("others", [])]
 
 
 def staff_lines(report: dict) -> list:
-    """What the course staff alone read: what held in the sandbox, and what of the code is someone else's."""
-    return sandbox_lines(report) + similarity_lines(report)
+    """What the course staff alone read: what held in the sandbox, what of the code is someone else's, and which
+    exercises were graded where answers.json's list of them could not be used."""
+    return sandbox_lines(report) + similarity_lines(report) + \
+        ([f"exercises: {report['~handout']}"] if report.get("~handout") else [])
 
 
 def print_grade(report: dict) -> bool:
@@ -111,7 +135,7 @@ def print_grade(report: dict) -> bool:
         print(f"{ex:<16}{earned:>7.1f} / {possible:<5.1f} {passed:>3}/{len(row['checks']):<3}  "
               f"{'ok' if worst is None else worst['status'] + ': ' + worst['name']}" +
               (f"  [{SUSPICIOUS}]" if suspicious(row) else "") + (f"  [{NOT_CHECKED}]" if unchecked(row) else "") +
-              (f"\n{'':<16}{audited(row)}" if any(c.get("audit") or c.get("rerun") for c in row["checks"]) else ""))
+              (f"\n{textwrap.indent(audited(row), ' ' * 16)}" if checked(row)[0] and state(row) else ""))
     for ex, row in rows.items():
         for c in row["checks"]:
             if c["status"] not in ("passed", "not started"):
@@ -119,24 +143,38 @@ def print_grade(report: dict) -> bool:
                       f"{quoted(c['message'])}")
     for ex, row in rows.items():
         if "pending" in row:
-            print(f"\n[{ex}] {pending(row)}; the answer:\n{quoted(row['pending']['answer'])}")
+            print(f"\n[{ex}] {prose(row)}; the answer:\n{quoted(row['pending']['answer'])}")
     earned, possible = (sum(score(row)[i] for row in rows.values()) for i in (0, 1))
     skipped = sum(c["status"] == "not checked" for row in rows.values() for c in row["checks"])
-    waiting = sum(row["pending"]["points"] for row in rows.values() if "pending" in row)
-    print(f"\ntotal {earned:.1f} / {possible:.1f}" + (f" (+ {waiting} points read by a person)" if waiting else "") +
-          ": " + ("some checks did not pass" if earned != possible else f"every check made passed; {skipped} not "
-                  "checked" if skipped else "every check passed"))
+    review = sum(pending_points(row) for row in rows.values())
+    read = sum(row["pending"]["points"] for row in rows.values() if "pending" in row)
+    print(f"\ntotal {earned:.1f} / {possible:.1f}" + (f" (+ {review:g} points pending review)" if review else "") +
+          (f" (+ {read} points read by a person)" if read else "") + ": " +
+          ("some checks did not pass" if earned + review != possible else f"every check made passed; {skipped} not "
+           "checked" if skipped else "every check passed"))
     return earned == possible
 
 
-def pending(row: dict) -> str:
+def prose(row: dict) -> str:
     """An answer's prose, for a person: its points are pending, never given by a keyword or a word count."""
     return f"{row['pending']['points']} points pending: the course staff read {row['pending']['field']} and grade it " \
            "by hand (Gradescope: a manual question); no automatic check gives them"
 
 
+def verdict_for_the_student(row: dict) -> str:
+    """What a student reads of an experiment's audit: "verified" or "pending review" (or, contradicted, the record
+    whose demonstrations are not its settings'), never what the audit tried."""
+    if state(row) == "verified":
+        return "verified: a rerun of your records reproduced them"
+    if state(row) == "contradicted":
+        return "contradicted: " + "; ".join(row["audit"]["saw"]) + ": this experiment scores 0"
+    return "pending review: the course staff check your records and grade these points by hand"
+
+
 def gradescope_results(report: dict, seconds: float) -> dict:
-    """Gradescope's results.json: one test per exercise and visibility; hidden checks show after publishing."""
+    """Gradescope's results.json: one test per exercise and visibility, hidden checks shown after publishing (an
+    experiment's say whether its points are verified or pending review); a test per answer a person reads, with
+    the answer quoted in full; and a hidden test for the staff alone (the sandbox, similarity, what the audit saw)."""
     tests = []
     for number, (ex, row) in enumerate(exercises(report).items(), start=1):
         for hidden in (False, True):
@@ -144,7 +182,8 @@ def gradescope_results(report: dict, seconds: float) -> dict:
             if part:
                 earned, possible = score(row, hidden)
                 flag = (f"\n{SUSPICIOUS}" if hidden and suspicious(row) else "") + \
-                    (f"\n{NOT_CHECKED}" if hidden and unchecked(row) else "")
+                    (f"\n{NOT_CHECKED}" if hidden and unchecked(row) else "") + \
+                    (f"\n{verdict_for_the_student(row)}" if state(row) and checked(row, hidden)[0] else "")
                 tests.append({"name": f"{ex} ({'hidden' if hidden else 'visible'} checks)",
                               "number": f"{number}.{int(hidden) + 1}", "score": round(earned, 2),
                               "max_score": round(possible, 2), "visibility": "after_published" if hidden else "visible",
@@ -152,10 +191,13 @@ def gradescope_results(report: dict, seconds: float) -> dict:
                                                                                     if c["message"] else "")
                                                    for c in part) + flag})
     tests += [{"name": f"{ex}: {row['pending']['field']} (read by the course staff)", "score": 0.0, "max_score": 0.0,
-               "visibility": "visible", "output": pending(row)} for ex, row in exercises(report).items()
-              if "pending" in row]
-    tests.append({"name": "for the course staff: the sandbox and code similarity", "score": 0.0, "max_score": 0.0,
-                  "visibility": "hidden", "output": "\n".join(staff_lines(report))})   # a student never sees it
+               "visibility": "visible", "output": f"{prose(row)}. The answer, in full:\n"
+                                                  f"{quoted(row['pending']['answer'])}"}
+              for ex, row in exercises(report).items() if "pending" in row]
+    audits = [f"{ex}: {audited(row)}" for ex, row in exercises(report).items() if state(row) and checked(row)[0]]
+    tests.append({"name": "for the course staff: the sandbox, code similarity and the audit", "score": 0.0,
+                  "max_score": 0.0, "visibility": "hidden",
+                  "output": "\n".join(staff_lines(report) + audits)})   # a student never sees it
     return {"score": round(sum(t["score"] for t in tests), 2), "execution_time": round(seconds, 1),
             "output": "agentic-rl homework: each exercise's visible checks, then its hidden ones",
             "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}

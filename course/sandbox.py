@@ -6,6 +6,7 @@ import fcntl
 import inspect
 import json
 import os
+import select
 import shutil
 import socket
 import stat
@@ -108,11 +109,11 @@ def receive(sock, limit: int, deadline=None):
 def serve(sock, callbacks):
     """The student's side, in the worker: import their agentic_rl.py and envs.py (the folder holds
     nothing else), then answer requests: getattr / call / grad on a handle (0 = agentic_rl, 1 = envs)
-    with a value or what their code raised. It judges nothing and holds nothing of the reference: the
+    with a value or what their code raised, each reply carrying its request's id. It judges nothing and holds nothing of the reference: the
     pieces named in callbacks ask the grader for each value."""
-    def raised(e):
+    def raised(e, asked=None):
         send(sock, {"raised": [c.__name__ for c in type(e).__mro__], "message": f"{e}"[:4000],
-                    "stated": raised_by_a_statement(e)})
+                    "stated": raised_by_a_statement(e), "id": asked})
     try:
         import agentic_rl as student
         import envs as student_envs
@@ -144,9 +145,9 @@ def serve(sock, callbacks):
                 result = target(*args, **kwargs)
                 (result[0] if isinstance(result, tuple) else result).backward()
                 result = (result, args[req["wrt"]].grad)
-            send(sock, {"value": to_wire(result, table)})
+            send(sock, {"value": to_wire(result, table), "id": req.get("id")})
         except BaseException as e:                     # sys.exit too: it is an answer, not the end
-            raised(e)
+            raised(e, req.get("id"))
 
 
 def raised_by_a_statement(e: BaseException) -> bool:
@@ -424,7 +425,8 @@ def make_cgroup(root: str, name: str, memory: int, tasks: int) -> tuple:
     """As root, a cgroup for one worker, under the fork server's own, where the machine has one to write to:
     cgroup v2 (one folder, where memory and pids can be enabled for it) or v1 (a folder in its memory and
     in its pids hierarchy). Its limits hold for the worker and all it starts together: `memory` bytes
-    (swap included, where v1 counts it), `tasks` processes and threads. Returns (its folders, "cgroup v1"
+    (swap included, where v1 counts it), `tasks` processes and threads; v2's OOM killer takes them all at once
+    (memory.oom.group), so no process left behind holds the worker's socket open. Returns (its folders, "cgroup v1"
     or "cgroup v2"), or ([], None) where there is none, with nothing left behind."""
     own = {}                                          # controller -> the server's cgroup; "" is v2's
     for line in open("/proc/self/cgroup").read().splitlines():
@@ -434,7 +436,7 @@ def make_cgroup(root: str, name: str, memory: int, tasks: int) -> tuple:
         version, parents = "cgroup v2", [f"{root}{own.get('', '')}"] * 2
     else:
         version, parents = "cgroup v1", [f"{root}/{c}{own.get(c, '')}" for c in ("memory", "pids")]
-    limits = {"memory.max": memory, "memory.swap.max": 0, "memory.limit_in_bytes": memory,
+    limits = {"memory.max": memory, "memory.swap.max": 0, "memory.oom.group": 1, "memory.limit_in_bytes": memory,
               "memory.memsw.limit_in_bytes": memory, "pids.max": tasks}
     made, written = [], set()
     try:
@@ -554,7 +556,7 @@ def fork_server(control_fd: int):
             theirs.close()
             os.close(out_w)
             socket.send_fds(control, [b"F"], [mine.fileno(), out_r])
-            send(control, {"pid": pid})
+            send(control, {"pid": pid, "cgroups": req.get("cgroups", [])})
             mine.close()
             os.close(out_r)
         else:
@@ -593,6 +595,10 @@ class GradeTimeout(Exception):
 
 class WorkerGone(Exception):
     pass
+
+
+class WorkerOutOfMemory(Exception):
+    """The kernel's OOM killer took a process of the worker's cgroup: the student's code passed its memory limit."""
 
 
 class IsolationMissing(Exception):
@@ -669,8 +675,8 @@ class Sandbox:
             send(self.control, message)
             if message["op"] == "fork":
                 _, fds, _, _ = socket.recv_fds(self.control, 1, 2)
-                return fds, receive(self.control, 1 << 10)
-            return receive(self.control, 1 << 10)
+                return fds, receive(self.control, 1 << 12)
+            return receive(self.control, 1 << 12)
         except (OSError, ValueError) as e:
             raise GraderFailure(f"the fork server failed ({e})") from None
 
@@ -714,13 +720,14 @@ class Worker:
         self.sandbox, self.deadline, self.tail, self.callbacks = sandbox, deadline, bytearray(), callbacks
         self.allowed = set()  # the (wins, losses) whose sign_test_p this call may ask for (paired_outcomes)
         self.broken = ""      # why the protocol broke (then the worker is killed: nothing after it is read)
+        self.asked = 0        # the id of the last request: its reply must carry it
         fds, reply = sandbox.request(op="fork", folder=str(folder), uid=sandbox.uid and sandbox.uid[0],
                                      gid=sandbox.uid and sandbox.uid[1], memory=sandbox.memory, callbacks=callbacks,
                                      compile=list(compile_only), cgroup_root=CGROUP_ROOT, tasks=WORKER_TASKS,
                                      tasks_without_cgroup=TASKS_WITHOUT_CGROUP)
         if len(fds) != 2 or not reply:
             raise GraderFailure("the fork server sent no worker")
-        self.sock, self.out = socket.socket(fileno=fds[0]), fds[1]
+        self.sock, self.out, self.cgroups = socket.socket(fileno=fds[0]), fds[1], reply.get("cgroups") or []
         self.drain = threading.Thread(target=self._drain, daemon=True)
         self.drain.start()
         try:
@@ -741,10 +748,12 @@ class Worker:
     def printed(self) -> str:
         return self.tail.decode("utf-8", "replace").strip()[-600:]
 
-    def _receive(self) -> dict:
+    def _receive(self, asked=None) -> dict:
+        """The worker's next reply (a callback it asks on the way is answered here); with `asked`, the reply
+        must carry that request's id: one out of turn (a frame the student's code wrote, or the reply to a request
+        a forged frame answered) breaks the protocol and ends the exercise."""
         while True:
-            if time.monotonic() >= self.deadline:
-                raise GradeTimeout()
+            self._wait_for_a_frame()
             try:
                 reply = receive(self.sock, MAX_REPLY_BYTES, self.deadline)
             except TimeoutError:
@@ -752,10 +761,15 @@ class Worker:
             except (OSError, ValueError, RecursionError) as e:
                 raise self.gone(f"it sent a malformed reply ({type(e).__name__}: {str(e)[:200]})") from None
             if reply is None:
+                if self.out_of_memory():
+                    raise WorkerOutOfMemory(self.killed())
                 raise WorkerGone(f"last output: {self.printed() or '(none)'}")
             if not isinstance(reply, dict):
                 raise self.gone("it sent a malformed reply")
             if "callback" not in reply:
+                if asked is not None and reply.get("id") != asked:
+                    raise self.gone(f"a reply out of turn: it carried request id {str(reply.get('id'))[:20]}, and "
+                                    f"the grader waited for the reply to request {asked}")
                 return reply
             if reply["callback"] not in self.callbacks:
                 raise self.gone(f"it asked the grader for {str(reply['callback'])[:40]!r}, which this exercise "
@@ -765,20 +779,50 @@ class Worker:
             except (ValueError, TypeError) as e:
                 send(self.sock, {"error": str(e)})
 
+    def _wait_for_a_frame(self):
+        """Until the worker's socket has something to read: its deadline passes first (GradeTimeout), or the kernel's
+        OOM killer takes one of its processes (WorkerOutOfMemory, found within 0.2 s, even where a process it
+        started keeps the socket open)."""
+        while not select.select([self.sock], [], [], max(0.0, min(0.2, self.deadline - time.monotonic())))[0]:
+            if self.out_of_memory():
+                raise WorkerOutOfMemory(self.killed())
+            if time.monotonic() >= self.deadline:
+                raise GradeTimeout()
+
+    def out_of_memory(self) -> bool:
+        """Whether the kernel's OOM killer has taken a process of this worker's cgroup (its oom_kill count: v2's
+        memory.events, v1's memory.oom_control); never, without a cgroup."""
+        for folder in self.cgroups:
+            for name in ("memory.events", "memory.oom_control"):
+                try:
+                    with open(f"{folder}/{name}") as f:
+                        if any(line.split()[:1] == ["oom_kill"] and int(line.split()[1]) > 0 for line in f):
+                            return True
+                except (OSError, ValueError, IndexError):
+                    pass
+        return False
+
+    def killed(self) -> str:
+        self.sandbox.clean()               # whatever of it is left
+        return f"the kernel killed your code at the memory limit ({self.sandbox.memory >> 20} MiB for the worker and " \
+               f"all it starts)"
+
     def value(self, **request):
         self.allowed = paired_outcomes(request.get("args")) if self.callbacks else set()  # sign_test_p's answers
+        self.asked += 1
         try:
             self.sock.settimeout(max(1e-3, self.deadline - time.monotonic()))
-            send(self.sock, request)
+            send(self.sock, {**request, "id": self.asked})
         except TimeoutError:
             raise GradeTimeout() from None
         except OSError:
             raise WorkerGone(f"last output: {self.printed() or '(none)'}") from None
-        reply = self._receive()
+        reply = self._receive(self.asked)
         if "raised" in reply:
             raise student_error(reply)
         try:
-            return from_wire(reply["value"], lambda name, f: types.SimpleNamespace(**f), lambda tag: Remote(self, tag["~handle"]))
+            return from_wire(reply["value"], lambda name, f: types.SimpleNamespace(**f),
+                             lambda tag: Remote(self, tag["~handle"], tag.get("type")))
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
             raise self.gone(f"it sent a malformed value ({type(e).__name__})") from None
 
@@ -845,8 +889,11 @@ class Remote:
     """A student's object as the grader sees it: attribute access and calls become requests to their
     process, and the answers come back as plain data (tensors, lists, namespaces), never their code."""
 
-    def __init__(self, worker: Worker, handle: int):
-        self._worker, self._wire_handle = worker, handle
+    def __init__(self, worker: Worker, handle: int, kind=None):
+        self._worker, self._wire_handle, self._kind = worker, handle, kind
+
+    def __repr__(self):              # what a check's message shows of it: never the grader's own object
+        return f"<{str(self._kind or 'object')[:60]} of your code>"
 
     def __getattr__(self, name):
         if name.startswith("__"):

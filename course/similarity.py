@@ -1,19 +1,33 @@
 """How much of a submitted solution is someone else's: winnowed fingerprints of normalized tokens, the method of
 MOSS (Schleimer, Wilkerson and Aiken, "Winnowing: local algorithms for document fingerprinting", SIGMOD 2003), on
-Python's own tokenize, so that the course needs nothing more. Names become one symbol and numbers and strings
-another, so renaming variables or reformatting hides nothing; each run of K tokens is hashed, and of every WINDOW
-consecutive hashes the smallest is kept: any run of K + WINDOW - 1 tokens that two texts share leaves at least one
-fingerprint in both. What the handout gives (the signature, the docstring, the checks before the blank) is left
-out of both sides, as MOSS leaves out a base file. It changes no score: it says where a TA should read."""
+Python's own ast and tokenize, so that the course needs nothing more. Each file is written back one way first
+(canonical: operator.X(a, b) as a X b, getattr and setattr with a constant name as the attribute, a += b as
+a = a + b, a name bound to a lambda as a def; then ast.unparse, which drops brackets, layout and comments). Names
+become one symbol and numbers and strings another, so renaming variables or reformatting hides nothing; each run
+of K tokens is hashed, and of every WINDOW consecutive hashes the smallest is kept: any run of K + WINDOW - 1
+tokens that two texts share leaves at least one fingerprint in both. What the handout gives (the signature, the
+docstring, the checks before the blank) is left out of both sides, as MOSS leaves out a base file. A submission
+has a budget (SIMILARITY_FUNCTIONS, SIMILARITY_TOKENS, SIMILARITY_SECONDS): past it, and for a file that did not
+compile or could not be read, it is "not compared", never a copy, and grading goes on. It changes no score: it
+says where a TA should read."""
 import ast
+import copy
 import functools
 import hashlib
 import html
 import io
 import keyword
+import os
+import pickle
+import re
+import select
+import signal
+import textwrap
+import time
 import tokenize
 
 import course
+from course.exercises import SILENT_BUGS
 from course.handouts import function_spans, handout_text, solution_regions
 
 K, WINDOW = 16, 4         # tokens per hashed run; runs per window (a shared run of 19 tokens is always found)
@@ -22,8 +36,119 @@ FLAG_EXERCISE = 0.75      # one exercise's share that flags it alone (measured, 
 SHORTEST = 25             # fresh solutions 0.05-0.37; one function: copies up to 1.00, fresh ones up to 0.58); a
                           # solution with fewer fingerprints is not judged alone (returns' loop has 17: any right answer
                           # is that loop), it still counts in the whole's share
+SIMILARITY_FUNCTIONS, SIMILARITY_TOKENS = 1_000, 150_000   # a submission's budget, both files together, counted by
+                          # size() before anything is parsed (the reference: 227 functions, 61,409 tokens)
+SIMILARITY_SECONDS = 20.0  # and its time, in a child process of its own: past it, "too large to compare"
 
 
+# ------------------------------------------------------------------------------------------------
+# One way to write it: mechanical equivalences undone before fingerprinting
+# ------------------------------------------------------------------------------------------------
+BINARY = {"add": ast.Add, "sub": ast.Sub, "mul": ast.Mult, "truediv": ast.Div, "floordiv": ast.FloorDiv, "mod": ast.Mod,
+          "pow": ast.Pow, "matmul": ast.MatMult, "lshift": ast.LShift, "rshift": ast.RShift, "and_": ast.BitAnd,
+          "or_": ast.BitOr, "xor": ast.BitXor}
+COMPARE = {"eq": ast.Eq, "ne": ast.NotEq, "lt": ast.Lt, "le": ast.LtE, "gt": ast.Gt, "ge": ast.GtE, "is_": ast.Is,
+           "is_not": ast.IsNot}
+UNARY = {"neg": ast.USub, "pos": ast.UAdd, "invert": ast.Invert, "inv": ast.Invert, "not_": ast.Not}
+OPERATIONS = {alias: op for table in (BINARY, COMPARE, UNARY) for name, op in table.items()
+              for alias in (name, f"__{name.rstrip('_')}__") + ((f"i{name.rstrip('_')}", f"__i{name.rstrip('_')}__")
+                                                               if table is BINARY else ())}
+
+
+def operation(name: str, args: list):
+    """The expression that operator.NAME(*args) (or args[0].NAME(*args[1:]), a dunder) computes, or None."""
+    op = OPERATIONS.get(name)
+    if name in ("getitem", "__getitem__") and len(args) == 2:
+        return ast.Subscript(args[0], args[1], ast.Load())
+    if name in ("contains", "__contains__") and len(args) == 2:
+        return ast.Compare(args[1], [ast.In()], [args[0]])
+    if op in BINARY.values() and len(args) == 2:
+        return ast.BinOp(args[0], op(), args[1])
+    if op in COMPARE.values() and len(args) == 2:
+        return ast.Compare(args[0], [op()], [args[1]])
+    if op in UNARY.values() and len(args) == 1:
+        return ast.UnaryOp(op(), args[0])
+    return None
+
+
+def constant_name(node) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier()
+
+
+class Canonical(ast.NodeTransformer):
+    """Writes the mechanical equivalences one way, so that a rewriter that applies them hides nothing:
+    operator.X(a, b) (however the module or the function was imported) and a.__X__(b) as a X b; getattr(x, 'n') as
+    x.n and setattr(x, 'n', v) as x.n = v; a += b as a = a + b; f = lambda ...: e as def f(...): return e."""
+
+    def __init__(self, tree):
+        imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        self.modules = {a.asname or a.name for n in imports if isinstance(n, ast.Import) for a in n.names
+                        if a.name == "operator"}
+        self.functions = {a.asname or a.name: a.name for n in imports if isinstance(n, ast.ImportFrom) and
+                          n.module == "operator" for a in n.names}
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        f, args = node.func, node.args
+        if node.keywords or any(isinstance(a, ast.Starred) for a in args):
+            return node
+        if isinstance(f, ast.Name) and f.id == "getattr" and len(args) == 2 and constant_name(args[1]):
+            return ast.Attribute(args[0], args[1].value, ast.Load())
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in self.modules:
+            return operation(f.attr, args) or node
+        if isinstance(f, ast.Name) and f.id in self.functions:
+            return operation(self.functions[f.id], args) or node
+        if isinstance(f, ast.Attribute) and f.attr.startswith("__"):
+            return operation(f.attr, [f.value, *args]) or node
+        return node
+
+    def visit_Expr(self, node):
+        self.generic_visit(node)
+        c = node.value
+        if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == "setattr" and len(c.args) == 3 \
+                and not c.keywords and constant_name(c.args[1]):
+            return ast.Assign([ast.Attribute(c.args[0], c.args[1].value, ast.Store())], c.args[2])
+        return node
+
+    def visit_AugAssign(self, node):
+        self.generic_visit(node)
+        read = copy.deepcopy(node.target)
+        read.ctx = ast.Load()
+        return ast.Assign([node.target], ast.BinOp(read, node.op, node.value))
+
+    def visit_Assign(self, node):
+        self.generic_visit(node)
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Lambda):
+            fn = ast.FunctionDef(name=node.targets[0].id, args=node.value.args, body=[ast.Return(node.value.body)],
+                                 decorator_list=[], returns=None)
+            fn.type_params = []                        # Python 3.12's field; unparse reads it there
+            return fn
+        return node
+
+
+def canonical(tree: ast.AST) -> ast.AST:
+    return ast.fix_missing_locations(Canonical(tree).visit(tree))
+
+
+def drop_statements_that_do_nothing(tree: ast.AST):
+    """A constant alone, pass, a constant put in a name nothing reads: the filler that would break a copy's runs."""
+    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For,
+                             ast.While, ast.With, ast.Try, ast.ExceptHandler)):
+            for part in ("body", "orelse", "finalbody"):
+                body = getattr(node, part, None)
+                if body:
+                    kept = [b for b in body if not (isinstance(b, ast.Pass) or isinstance(b, ast.Expr) and
+                            isinstance(b.value, ast.Constant) or isinstance(b, ast.Assign) and
+                            isinstance(b.value, ast.Constant) and all(isinstance(t, ast.Name) and t.id not in
+                                                                      loaded for t in b.targets))]
+                    setattr(node, part, kept or [ast.Pass()])
+
+
+# ------------------------------------------------------------------------------------------------
+# Fingerprints
+# ------------------------------------------------------------------------------------------------
 def normalized_tokens(source: str) -> list:
     """(symbol, line) for each token that carries code: a name (not a keyword, not an attribute after a dot) is
     V, a number N, a string S; operators and keywords stay; comments, blank lines and indentation go."""
@@ -48,6 +173,7 @@ def normalized_tokens(source: str) -> list:
     return out
 
 
+@functools.lru_cache(maxsize=64)
 def fingerprints(source: str) -> dict:
     """hash -> the lines of source that each of its K-token runs covers (winnowing: the smallest hash of every
     WINDOW consecutive runs, the rightmost on a tie)."""
@@ -63,12 +189,17 @@ def fingerprints(source: str) -> dict:
     return {h: sorted(lines) for h, lines in kept.items()}   # plain data: a report is JSON
 
 
+@functools.lru_cache(maxsize=64)
+def given_lines(given: str) -> frozenset:
+    return frozenset(line.strip() for line in given.splitlines())
+
+
 def own_fingerprints(source: str, given: str) -> dict:
     """The fingerprints of source that the given text (the handout's) does not have: what its author wrote; each
-    with the lines it covers, less those the given text holds word for word (for the page's marks)."""
-    base, given_lines = fingerprints(given), {line.strip() for line in given.splitlines()}
-    lines = source.splitlines()
-    return {h: [n for n in at if lines[n - 1].strip() not in given_lines]
+    with the lines it covers, less those the given text holds word for word (for the page's marks). The given
+    text's fingerprints are computed once (a file of 400 helpers compares each against the same handout)."""
+    base, given_at, lines = fingerprints(given), given_lines(given), source.splitlines()
+    return {h: [n for n in at if lines[n - 1].strip() not in given_at]
             for h, at in fingerprints(source).items() if h not in base}
 
 
@@ -86,27 +217,14 @@ def solution_functions() -> dict:
 
 
 @functools.lru_cache(maxsize=32)
-def normalized_module(text: str) -> tuple:
-    """(qualname -> each function's source, the whole module's source), as ast.unparse writes them: brackets,
-    layout and comments normalized away, and statements that do nothing dropped (a constant alone, pass, a
-    constant put in a name nothing reads: the filler that would break a copy's runs). Every function counts, those inside an if, try, with or loop block at
-    module or class level too (a definition there is as callable as any); the last of a name wins, as at run
-    time. Parsed once per text: a file that took its worker long to compile is never parsed again per exercise.
-    ({}, '') for a text that does not parse."""
+def normalized_module(text: str):
+    """(qualname -> each function's source, the whole module's source), written one way (canonical, then
+    ast.unparse), statements that do nothing dropped. Every function counts, those inside an if, try, with or loop
+    block at module or class level too (a definition there is as callable as any); the last of a name wins, as at
+    run time. Parsed once per text. None for a text that does not parse here."""
     try:
-        tree = ast.parse(text)
-        loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        for node in ast.walk(tree):                  # statements that do nothing: a constant alone, pass, a constant
-            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For,
-                                 ast.While, ast.With, ast.Try, ast.ExceptHandler)):   # put in a name nothing reads
-                for part in ("body", "orelse", "finalbody"):
-                    body = getattr(node, part, None)
-                    if body:
-                        kept = [b for b in body if not (isinstance(b, ast.Pass) or isinstance(b, ast.Expr) and
-                                isinstance(b.value, ast.Constant) or isinstance(b, ast.Assign) and
-                                isinstance(b.value, ast.Constant) and all(isinstance(t, ast.Name) and t.id not in
-                                                                          loaded for t in b.targets))]
-                        setattr(node, part, kept or [ast.Pass()])
+        tree = canonical(ast.parse(text))
+        drop_statements_that_do_nothing(tree)
         found = {}
 
         def visit(body, prefix):
@@ -121,36 +239,117 @@ def normalized_module(text: str) -> tuple:
         visit(tree.body, "")
         return found, ast.unparse(tree) + "\n"
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return {}, ""
+        return None
 
 
 def function_text(text: str, qualname: str) -> str:
     """That function's source in a file's text, normalized (normalized_module); '' where there is none."""
-    return normalized_module(text)[0].get(qualname, "")
+    return (normalized_module(text) or ({}, ""))[0].get(qualname, "")
 
 
-def own_code(files: dict, exercises) -> dict:
-    """exercise -> (its function's text, the fingerprints of what its author wrote there), "~file NAME" -> the same
-    for each whole file, and "~def NAME QUALNAME" for every other function its author wrote or changed, from files (name -> text, or None for one that did not
-    compile in its worker: never parsed here): the handout's version of each is the base left out (the handout of
-    these exercises: the reference's other solutions were given to the student)."""
-    out, blanked = {}, tuple(sorted(exercises))
-    for ex in exercises:
-        name, qualname = solution_functions()[ex]
-        text = function_text(files.get(name) or "", qualname)
-        out[ex] = (text, own_fingerprints(text, function_text(handout_text(name, blanked), qualname)))
-    graded = {solution_functions()[ex][1] for ex in exercises}
-    for name in dict.fromkeys(solution_functions()[ex][0] for ex in exercises):
-        functions, whole = normalized_module(files.get(name) or "")
-        given_functions, given = normalized_module(handout_text(name, blanked))
-        out[f"~file {name}"] = (whole, own_fingerprints(whole, given))
-        for qualname, text in functions.items():     # every other function its author wrote or changed: a helper
-            if qualname not in graded and text != given_functions.get(qualname):
-                out[f"~def {name} {qualname}"] = (text, own_fingerprints(text, given))
+def size(text: str) -> tuple:
+    """(functions, tokens) of a source, counted without parsing it: what the budget reads first."""
+    return (len(re.findall(r"^[ \t]*(?:async[ \t]+)?def[ \t]", text, re.M)),
+            len(re.findall(r"\w+|[^\w\s]", text)))
+
+
+@functools.cache
+def planted_lines() -> dict:
+    """bug -> (its function, the lines planting it adds there, as normalized_module writes them); each bug planted
+    as handouts.plant plants it, in its function's own lines (a module of their own)."""
+    reference = (course.REPO / "agentic_rl.py").read_text()
+    lines, spans, out = reference.splitlines(keepends=True), function_spans(reference), {}
+    for bug, (_, function, written, planted, _) in SILENT_BUGS.items():
+        first, last = spans[function]
+        source = textwrap.dedent("".join(lines[first - 1:last]))
+        before, after = (set(normalized_module(text)[0][function.split(".")[-1]].splitlines())
+                         for text in (source, source.replace(written, planted)))
+        out[bug] = (function, sorted(line.strip() for line in after - before))
     return out
 
 
-def reference_code(exercises) -> dict:
+def planted_bugs(text: str) -> list:
+    """The silent bugs whose planted lines a file's functions carry (a handout's, or a copy of one)."""
+    functions = (normalized_module(text) or ({}, ""))[0]
+    return [bug for bug, (function, lines) in planted_lines().items()
+            if lines and set(lines) <= {line.strip() for line in functions.get(function, "").splitlines()}]
+
+
+def own_code(files: dict, exercises, unreadable=None) -> dict:
+    """What a submission's author wrote, from files (name -> text): "exercises", ex -> (its function's text, the
+    fingerprints of what its author wrote there); "files", name -> the same for each whole file; "helpers",
+    "NAME QUALNAME" -> the same for every other function its author wrote or changed; "not_compared", name -> why
+    (unreadable: name -> why, for a file that did not compile or could not be read: never parsed here; or the
+    submission past its budget); "planted", the silent bugs its agentic_rl.py carries. The handout's version of each
+    is the base left out (the handout of these exercises: the reference's other solutions were given)."""
+    blanked, names = tuple(sorted(exercises)), dict.fromkeys(solution_functions()[ex][0] for ex in exercises)
+    out = {"exercises": {}, "files": {}, "helpers": {}, "not_compared": dict(unreadable or {}), "planted": []}
+    functions, tokens = (sum(size(files.get(n) or "")[i] for n in names if n not in out["not_compared"]) for i in (0, 1))
+    for name in names:
+        if name not in out["not_compared"] and (functions > SIMILARITY_FUNCTIONS or tokens > SIMILARITY_TOKENS):
+            out["not_compared"][name] = f"too large to compare: {functions} functions, {tokens} tokens (at most " \
+                                        f"{SIMILARITY_FUNCTIONS} and {SIMILARITY_TOKENS})"
+        module = None if name in out["not_compared"] else normalized_module(files.get(name) or "")
+        if module is None:
+            out["not_compared"].setdefault(name, "it does not parse here")
+            continue
+        (mine, whole), (given_functions, given) = module, normalized_module(handout_text(name, blanked))
+        out["files"][name] = (whole, own_fingerprints(whole, given))
+        graded = {solution_functions()[ex][1] for ex in exercises if solution_functions()[ex][0] == name}
+        for ex in exercises:
+            if solution_functions()[ex][0] == name:
+                qualname = solution_functions()[ex][1]
+                text = mine.get(qualname, "")
+                out["exercises"][ex] = (text, own_fingerprints(text, given_functions.get(qualname, "")))
+        for qualname, text in mine.items():     # every other function its author wrote or changed: a helper
+            if qualname not in graded and text != given_functions.get(qualname):
+                out["helpers"][f"{name} {qualname}"] = (text, own_fingerprints(text, given))
+        if name == "agentic_rl.py":
+            out["planted"] = planted_bugs(files.get(name) or "")
+    return out
+
+
+def own_code_within(files: dict, exercises, unreadable=None, seconds: float = SIMILARITY_SECONDS) -> dict:
+    """own_code in a child process of the grader's, killed after `seconds`: a file the parser takes minutes over
+    costs the grading `seconds` at most, and is then "too large to compare". What the child needs of the handout
+    and the reference is computed here first, so that each grading's child inherits it."""
+    if not exercises:
+        return own_code({}, [], unreadable)
+    blanked = tuple(sorted(exercises))
+    for ex in exercises:
+        name, qualname = solution_functions()[ex]
+        given_functions, given = normalized_module(handout_text(name, blanked))
+        fingerprints(given), given_lines(given), fingerprints(given_functions.get(qualname, ""))
+    planted_lines()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                       # the child: the grader's own code, on the submitted text
+        try:
+            os.close(read)
+            with os.fdopen(write, "wb") as f:
+                f.write(pickle.dumps(own_code(files, exercises, unreadable)))
+        finally:
+            os._exit(0)
+    os.close(write)
+    data, deadline = bytearray(), time.monotonic() + seconds
+    names = dict.fromkeys(solution_functions()[ex][0] for ex in exercises)
+    none_of_it = lambda why: {**own_code({}, [], {}), "not_compared": {n: (unreadable or {}).get(n) or why for n in names}}
+    try:
+        while select.select([read], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(read, 1 << 20)
+            if not chunk:
+                return pickle.loads(data) if data else none_of_it("the report's process ended without an answer")
+            data += chunk
+        os.kill(pid, signal.SIGKILL)
+        functions, tokens = (sum(size(files.get(n) or "")[i] for n in names) for i in (0, 1))
+        return none_of_it(f"too large to compare: {functions} functions, {tokens} tokens (not done within {seconds:g} s)")
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+
+
+@functools.cache
+def reference_code(exercises: tuple) -> dict:
     """own_code of the public reference: what a copy of it would share."""
     return own_code({name: (course.REPO / name).read_text() for name in ("agentic_rl.py", "envs.py")}, exercises)
 
@@ -159,19 +358,23 @@ def similarity(mine: dict, theirs: dict) -> dict:
     """How much of one submission's own code (own_code) is in another's (or the reference's): the share of its whole
     files' own fingerprints (helpers included), and per exercise. Flagged at FLAG or more of the whole, at
     FLAG_EXERCISE of one judged exercise or one helper, or where a graded function cannot be found (defined some
-    other way)."""
-    rows = {ex: {**compare(mine[ex][1], theirs[ex][1]), "mine": mine[ex][0], "theirs": theirs[ex][0]}
-            for ex in mine if ex in theirs and not ex.startswith("~")}
-    files = [compare(mine[f][1], theirs[f][1]) for f in mine if f.startswith("~") and f in theirs]
+    other way). A file either side could not compare is left out, and said: never a copy."""
+    closed = set(mine["not_compared"]) | set(theirs["not_compared"])
+    rows = {ex: {**compare(fps, theirs["exercises"][ex][1]), "mine": text, "theirs": theirs["exercises"][ex][0]}
+            for ex, (text, fps) in mine["exercises"].items()
+            if ex in theirs["exercises"] and solution_functions()[ex][0] not in closed}
+    files = [compare(fps, theirs["files"][name][1]) for name, (_, fps) in mine["files"].items() if name in theirs["files"]]
     total = sum(r["fingerprints"] for r in files)
     share = sum(r["shared"] for r in files) / total if total else 0.0
     missing = [ex for ex, r in rows.items() if not r["mine"] and r["theirs"]]
-    helpers = {key.split()[-1]: compare(mine[key][1], theirs[f"~file {key.split()[1]}"][1]) for key in mine
-               if key.startswith("~def") and f"~file {key.split()[1]}" in theirs}
+    helpers = {key.split()[-1]: compare(fps, theirs["files"][key.split()[0]][1])
+               for key, (_, fps) in mine["helpers"].items() if key.split()[0] in theirs["files"]}
     copied = [name for name, r in helpers.items() if r["flagged"]]   # a helper that holds another's solution
+    skipped = [f"{name}: {why}" for name, why in mine["not_compared"].items()] + \
+        [f"the other's {name}: {why}" for name, why in theirs["not_compared"].items() if name not in mine["not_compared"]]
     return {"share": round(share, 3), "fingerprints": total, "exercises": rows, "missing": missing, "helpers": copied,
-            "flagged": (total >= SHORTEST and share >= FLAG) or any(r["flagged"] for r in rows.values()) or
-            bool(missing) or bool(copied)}
+            "not_compared": skipped, "flagged": (total >= SHORTEST and share >= FLAG) or
+            any(r["flagged"] for r in rows.values()) or bool(missing) or bool(copied)}
 
 
 def compare(mine: dict, theirs: dict) -> dict:
@@ -187,27 +390,48 @@ def compare(mine: dict, theirs: dict) -> dict:
             "their_lines": sorted({line for h in shared for line in theirs[h]})}
 
 
-def side_by_side(title: str, rows: list) -> str:
-    """A self-contained page (inline CSS, no script): for each compared pair, the two texts side by side with
-    the matching lines marked. rows: dicts with name, exercise, against, share, fingerprints, flagged, mine and
-    theirs (the texts), lines and their_lines (the matching lines; each text's first is 1). Every value is escaped."""
+def side_by_side(title: str, pairs: list, rows: list) -> str:
+    """A self-contained page (inline CSS, no script). First an index of every compared pair, flagged or not, sorted
+    by its highest share (the whole file's or one exercise's): pairs are dicts with name, against, share,
+    fingerprints, flagged, exercises (exercise -> share) and not_compared (lines). Then, for each row, the two texts
+    side by side with the matching lines marked: rows are dicts with name, exercise, against, share, fingerprints,
+    flagged, mine and theirs (the texts), lines and their_lines (the matching lines; each text's first is 1). Every
+    value is escaped."""
     def column(text, marked):
         return "".join(f'<div class="{"hit" if i in marked else "line"}"><span>{i}</span>{html.escape(line) or " "}'
                        f"</div>" for i, line in enumerate(text.splitlines(), start=1))
-    parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
+    e = lambda value: html.escape(str(value))
+    highest = lambda p: max([p["share"], *p["exercises"].values()])
+    shown = {(r["name"], r["against"]) for r in rows}
+    parts = [f"<!doctype html><meta charset='utf-8'><title>{e(title)}</title><style>"
              "body{font:13px system-ui;margin:1.5em}table{border-collapse:collapse;width:100%;table-layout:fixed}"
              "td{vertical-align:top;width:50%;padding:0 .5em}pre{margin:0;font:12px ui-monospace,monospace}"
              ".hit{background:#fde68a}.line,.hit{white-space:pre-wrap;word-break:break-all;padding-left:3em;"
              "text-indent:-3em}span{color:#999;display:inline-block;width:3em;text-indent:0}"
-             "h2{font-size:15px;margin-top:2em}.flag{color:#b91c1c}</style>",
-             f"<h1>{html.escape(title)}</h1><p>Winnowed fingerprints of normalized tokens (names, numbers and strings "
-             f"made alike; what the handout gives left out). A submission is flagged at {FLAG:.0%} or more of its own "
-             f"fingerprints found in the other, or {FLAG_EXERCISE:.0%} of one exercise's: a place for a TA to read, "
-             "never a score.</p>"]
+             "h2{font-size:15px;margin-top:2em}.flag{color:#b91c1c}table.index{table-layout:auto;margin:1em 0}"
+             ".index td,.index th{width:auto;border-bottom:1px solid #ddd;padding:2px .6em;text-align:left}</style>",
+             f"<h1>{e(title)}</h1><p>Winnowed fingerprints of normalized tokens (mechanical rewrites undone; names, "
+             f"numbers and strings made alike; what the handout gives left out). A submission is flagged at {FLAG:.0%} "
+             f"or more of its own fingerprints found in the other, or {FLAG_EXERCISE:.0%} of one exercise's: a place "
+             "for a TA to read, never a score.</p>",
+             f"<h2>Every pair ({len(pairs)}), by its highest share</h2><table class='index'><tr><th>submission</th>"
+             "<th>against</th><th>whole file</th><th>exercises</th><th>flagged</th><th>not compared</th></tr>"]
+    ordered = sorted(pairs, key=lambda p: (-highest(p), p["name"], p["against"]))
+    number = {(p["name"], p["against"]): i for i, p in enumerate(ordered)}
+    for i, p in enumerate(ordered):
+        flag = '<b class="flag">flagged</b>' if p["flagged"] else "no"
+        name = f"<a href='#pair-{i}'>{e(p['name'])}</a>" if (p["name"], p["against"]) in shown else e(p["name"])
+        parts.append(f"<tr><td>{name}</td><td>{e(p['against'])}</td><td>{p['share']:.2f} of {p['fingerprints']}</td>"
+                     f"<td>{e(', '.join(f'{ex} {v:.2f}' for ex, v in p['exercises'].items()))}</td><td>{flag}</td>"
+                     f"<td>{e('; '.join(p['not_compared']))}</td></tr>")
+    parts.append("</table>")
+    anchored = set()
     for r in rows:
+        pair = (r["name"], r["against"])
+        anchor = f" id='pair-{number[pair]}'" if pair in number and pair not in anchored else ""
+        anchored.add(pair)
         flag = '<b class="flag">flagged</b>' if r["flagged"] else "not flagged"
-        parts.append(f"<h2>{html.escape(r['name'])}, {html.escape(r['exercise'])}, against {html.escape(r['against'])}: "
-                     f"{r['share']:.0%} of "
+        parts.append(f"<h2{anchor}>{e(r['name'])}, {e(r['exercise'])}, against {e(r['against'])}: {r['share']:.0%} of "
                      f"{r['fingerprints']} fingerprints ({flag})</h2><table><tr><td><pre>"
                      f"{column(r['mine'], set(r['lines']))}</pre></td><td><pre>"
                      f"{column(r['theirs'], set(r['their_lines']))}</pre></td></tr></table>")

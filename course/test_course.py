@@ -1,6 +1,7 @@
 """What a teaching assistant sees on grading day: a handout that leaks nothing and round-trips, the bundle that
 grades the reference fully and a blank at zero, each student's own seeds and bug, the secret's rules, the
 experiments graded on the runs' own records, and the audit that trains them again."""
+import ast
 import json
 import re
 import shlex
@@ -8,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -24,11 +26,11 @@ from course.cli import main as course_main
 from course.conftest import (SECRET, SLOW_SANDBOX, course_command, course_here, demonstrations_as_made_up, fill,
                              installation, normalized, reference_answers)
 from course.exercises import EXERCISES, EXPERIMENTS, READ_BY_A_PERSON, SILENT_BUGS
-from course.audit import AUDIT_SECONDS, demonstrations_check, rerun, rerun_check
+from course.audit import AUDIT_SECONDS, rerun, rerun_check
 from course.grading import grade, run_check
-from course.report import (NOT_CHECKED, SUSPICIOUS, audited, exercises, gradescope_results, score, suspicious,
-                           unchecked)
-from course.handouts import HANDOUT_FILES, answers_template, plant, solution_regions, write_handout
+from course.report import SUSPICIOUS, audited, exercises, gradescope_results, score, suspicious
+from course.handouts import (HANDOUT_FILES, answers_template, function_spans, plant, solution_regions,
+                             write_handout)
 from course.ids import MAKE_A_SECRET, SECRET_ENV, answer_key, hidden_seed_of, issued_to, new_handout
 from course.lesson import CLOCK_SETTINGS, README_SEEDS, run_record
 from course.similarity import FLAG, SHORTEST, own_code, reference_code, similarity
@@ -123,7 +125,7 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
         scores[name] = json.loads((root / "results" / "results.json").read_text())
         if "lacks part of its sandbox" in scores[name]["output"]:      # the bundle grades with --require-isolation
             pytest.skip("this machine gives the workers less than the whole sandbox: the bundle refused to grade")
-    total = sum(points for points, _ in EXERCISES.values()) + sum(EXPERIMENTS.values())
+    total = sum(points for points, _ in EXERCISES.values())   # the experiments' points: pending (no audit here)
     assert scores["reference"]["score"] == pytest.approx(total) and scores["handout"]["score"] == 0
     for name, results in scores.items():                             # Gradescope's results.json format
         assert set(results) >= {"score", "execution_time", "output", "visibility", "stdout_visibility", "tests"}
@@ -134,9 +136,11 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
         assert staff["max_score"] == 0 and "sandbox: " in staff["output"] and "sandbox" not in results["output"]
         assert ("similarity to the public reference: 1.00" in staff["output"]) == (name == "reference"), staff
         for t in graded:
+            experiment = t["name"].split()[0] in EXPERIMENTS
             assert set(t) >= {"name", "score", "max_score", "number", "output", "visibility"}
             assert t["visibility"] in ("visible", "after_published")
-            assert (t["score"] == t["max_score"]) if name == "reference" else t["score"] == 0
+            assert (t["score"] == t["max_score"]) if name == "reference" and not experiment else t["score"] == 0
+            assert "pending review" in t["output"] if name == "reference" and experiment else "pending" not in t["output"]
             assert t["max_score"] == pytest.approx(0.5 * dict(EXERCISES, **{k: (v,) for k, v in EXPERIMENTS.items()})[
                 t["name"].split()[0]][0]), "visible and hidden checks carry half the points each"
     (root / "source" / "agentic_rl.py").write_text("import sys\nsys.exit(7)\n")   # a grader that writes nothing
@@ -178,20 +182,30 @@ TINY_FLAGS = ["--device", "cpu", "--warm-start-episodes", "16", "--iterations", 
 
 @SLOW_SANDBOX
 def test_a_rerun_reproduces_a_real_record_and_trains_the_code_of_the_records_handout(tmp_path, monkeypatch):
-    A.main(["train", *TINY_FLAGS, "--run-dir", str(tmp_path / "run")])    # a real run, in this process
-    record = run_record(tmp_path / "run")
-    checked = rerun_check("clock.runs.value_zero[0]", record, settings_of(record), None, 300)
-    assert checked["status"] == "passed" and checked["exact"], ("a real record, trained again for real with the "
-                                                                "reference at its thread count, comes back bit for bit")
-    demonstrations = demonstrations_check("clock", [("its record", record, settings_of(record), None)])
-    assert demonstrations["status"] == "passed", demonstrations      # the audit draws the warm start's episodes
+    """A real run, trained again for real with the reference on one thread: bit for bit when the record was made on
+    one thread here; made on two (another grader's thread count), it is reproduced or drifts, and is never
+    contradicted: its demonstrations are its settings' whatever the thread count."""
+    from course.audit import contradictions
+    threads = A.torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            A.torch.set_num_threads(n)
+            A.main(["train", *TINY_FLAGS, "--run-dir", str(tmp_path / f"run{n}")])    # a real run, in this process
+    finally:
+        A.torch.set_num_threads(threads)
+    one, two = run_record(tmp_path / "run1"), run_record(tmp_path / "run2")
+    checked = rerun_check("clock.runs.value_zero[0]", one, settings_of(one), None, 300)
+    assert checked["state"] == "reproduced" and "bit for bit" in checked["line"], checked
+    assert rerun_check("clock.runs.value_zero[0]", two, settings_of(two), None, 300)["state"] in ("reproduced", "drifted")
+    assert contradictions([(f"record {i}", r, settings_of(r), None) for i, r in enumerate((one, two))]) == [], \
+        "the audit draws the warm start's episodes, the same at any thread count"
     trained = {}
 
     def train(argv, **kwargs):             # where a rerun with the handout's bug trains: what code, and a run
         trained["code"] = Path(re.search(r"run_path\('([^']+)'", argv[2]).group(1)).read_text()
-        shutil.copytree(tmp_path / "run", argv[argv.index("--run-dir") + 1])
+        shutil.copytree(tmp_path / "run1", argv[argv.index("--run-dir") + 1])
     monkeypatch.setattr(subprocess, "run", train)
-    rerun(settings_of(record), 300, bug="ratio_always_one")
+    rerun(settings_of(one), 300, bug="ratio_always_one")
     assert trained["code"] == plant((course.REPO / "agentic_rl.py").read_text(), "ratio_always_one") != \
         (course.REPO / "agentic_rl.py").read_text(), "a record made with the bug is trained again with the bug"
 
@@ -204,78 +218,93 @@ def answers_folder(tmp_path, answers, name="sub") -> Path:
     return folder
 
 
-def trained_again(answers, bug, dev=None):
+def trained_again(answers, bug, drift=0.0):
     """A stand-in for rerun(), which trains for minutes: the record in `answers` made with the settings (and
-    the bug) asked for, given back as a real rerun on this machine gives it, or with another dev success
-    (E8's fixed CodeRepair runs have the settings of E3's value_zero runs: here, the same records)."""
+    the bug) asked for, given back as a real rerun on this machine gives it, or with its warm start's SFT loss
+    `drift` away (E8's fixed CodeRepair runs have the settings of E3's value_zero runs: here, the same records)."""
     made = {(json.dumps(settings_of(r), sort_keys=True), b): r for records, b in
             [(answers["silent_bug_runs"], bug), (answers["silent_bug_fixed_runs"], None),
              *[(records, None) for records in answers["clock"]["runs"].values()]] for r in records}
 
-    def rerun(settings, seconds, bug=None, threads=1):
+    def rerun(settings, seconds, bug=None):
         record = made[json.dumps(settings, sort_keys=True), bug]
-        return {"summary": {"warm_start": record["summary"]["warm_start"], "candidate": {
-            "dev_success": record["summary"]["candidate"]["dev_success"] if dev is None else dev}},
-            "metrics": record["metrics"]}
+        warm = record["summary"]["warm_start"]
+        return {"summary": {"warm_start": {**warm, "sft_loss": warm["sft_loss"] + drift},
+                            "candidate": record["summary"]["candidate"]}, "metrics": record["metrics"]}
     return rerun
 
 
-@SLOW_SANDBOX
-def test_the_audit_reruns_e3_and_e8_and_a_rerun_it_cannot_finish_costs_nothing(tmp_path, monkeypatch, shared_sandbox):
+def cannot_finish(settings, seconds, bug=None):
+    raise subprocess.TimeoutExpired("train", seconds)
+
+
+def test_a_point_is_verified_contradicted_or_pending_and_never_granted_on_trust(tmp_path, monkeypatch, shared_sandbox):
+    """A red team's rows: with both reruns cut off on a busy grader, guessed records scored every automatic point;
+    an honest record whose rerun drifted lost points and read "hard-coded answers?". Now an experiment's points are
+    verified (a rerun reproduced a drawn record), contradicted (a record's demonstrations are not its settings': 0,
+    the record named) or pending (the audit off, no rerun finished, or a drift past the tolerance: 0 here, every
+    point left to a person); a student reads "verified" or "pending review", never what the audit tried."""
+    from course.report import pending_points, state
     answers = reference_answers()
-    submission, experiments = answers_folder(tmp_path, answers), dict(only=["clock", "silent_bug"],
-                                                                       silent_bug="ratio_always_one", rerun_seconds=60)
-
-    def cannot_finish(settings, seconds, bug=None, threads=1):
-        raise subprocess.TimeoutExpired("train", seconds)
+    submission = answers_folder(tmp_path, answers)
     monkeypatch.setattr(course.audit, "demonstrator_success", demonstrations_as_made_up)  # as if they were a run's
-    monkeypatch.setattr(course.audit, "rerun", cannot_finish)
-    report = exercises(grade(submission, **experiments))
-    for ex, row in report.items():
-        assert score(row) == (EXPERIMENTS[ex], EXPERIMENTS[ex]) and unchecked(row) and not suspicious(row), row
-    results = {t["name"]: t for t in gradescope_results(report, 1.0)["tests"]}
-    assert NOT_CHECKED in results["clock (hidden checks)"]["output"] and SUSPICIOUS not in json.dumps(results)
-    monkeypatch.setattr(course.audit, "rerun", trained_again(answers, "ratio_always_one"))
-    report = exercises(grade(submission, **experiments))
-    reruns = {ex: [c["status"] for c in row["checks"] if c["name"].startswith("rerun_of_")] for ex, row in report.items()}
-    assert reruns == {"clock": ["passed"] * 12, "silent_bug": ["passed"] * 12}, "quick reruns: every record, in turn"
-    assert {audited(row) for row in report.values()} == {"audit: 12 records' demonstrations recomputed, 12 reproduced; "
-                                                         "12 runs trained again, 12 reproduced (12 bit for bit)"}
-    monkeypatch.setattr(course.audit, "rerun", trained_again(answers, "ratio_always_one", dev=0.5))
-    report = exercises(grade(submission, **experiments))
-    assert all(0 < score(row)[0] < EXPERIMENTS[ex] and suspicious(row) for ex, row in report.items()), \
-        "a record a rerun does not reproduce costs its check: one that another thread count trains differently must " \
-        "not zero an honest student (README, the drift table)"
+
+    def graded(rerun_with, seconds=60):
+        monkeypatch.setattr(course.audit, "rerun", rerun_with)
+        report = grade(submission, only=["clock", "silent_bug"], silent_bug="ratio_always_one", rerun_seconds=seconds)
+        tests = gradescope_results(report, 1.0)["tests"]
+        return exercises(report), [t for t in tests if t["visibility"] != "hidden"], tests[-1]["output"]
+    for rerun_with, seconds, saw in ((cannot_finish, 0, "the audit was off"), (cannot_finish, 60, "did not finish"),
+                                     (trained_again(answers, "ratio_always_one", drift=0.01), 60, "more than the drift")):
+        rows, student, staff = graded(rerun_with, seconds)
+        for ex, row in rows.items():
+            assert (state(row), score(row), pending_points(row)) == ("pending", (0, EXPERIMENTS[ex]), EXPERIMENTS[ex])
+            assert saw in audited(row) and saw in staff and not suspicious(row), audited(row)
+        told = json.dumps(student)
+        assert told.count("pending review") == 4 and "finish" not in told and "drift" not in told, told
+        assert SUSPICIOUS not in told + staff and "hard-coded" not in told + staff
+    rows, student, _ = graded(trained_again(answers, "ratio_always_one"))
+    assert {ex: (state(row), score(row)[0]) for ex, row in rows.items()} == \
+        {ex: ("verified", points) for ex, points in EXPERIMENTS.items()}
+    assert json.dumps(student).count("verified") == 4
+    monkeypatch.setattr(course.audit, "demonstrator_success", lambda warm: 0.5)   # no record's: a drift-0 number
+    rows, student, staff = graded(trained_again(answers, "ratio_always_one"))
+    for ex, row in rows.items():
+        assert (state(row), score(row)[0], pending_points(row)) == ("contradicted", 0, 0), audited(row)
+    assert "clock.runs.value_zero[0] (seed 0): demonstrator success" in audited(rows["clock"]) and \
+        "silent_bug_runs[0] (seed 0)" in staff and "not a run with its settings" in json.dumps(student)
+    untouched = exercises(grade(answers_folder(tmp_path, answers_template(), "untouched"), only=["clock", "silent_bug"]))
+    assert {c["status"] for row in untouched.values() for c in row["checks"]} == {"not started"}, untouched
 
 
 @SLOW_SANDBOX
-def test_made_up_records_score_zero_under_the_default_audit_and_a_copied_one_is_refused(tmp_path, monkeypatch,
-                                                                                         shared_sandbox):
+def test_made_up_records_are_contradicted_under_the_default_audit_and_a_copied_one_is_refused(tmp_path, monkeypatch,
+                                                                                              shared_sandbox):
     """A red team's rows. E3's twelve records and E8's twelve, made up on the student's own seeds with the lesson's
-    numbers guessed right (a warm start of 0.52, 0.0 bootstrapped, E8's signature), scored 40 of 40 with no audit.
-    The default audit recomputes each record's demonstrations (seconds, no training): a made-up record carries
-    another demonstrator success, and its experiment scores 0. A real run copied into another seed's slot, its
-    seed edited, is refused with no audit at all: two warm starts that differ never end with the same SFT loss."""
+    numbers guessed right (a warm start of 0.52, 0.0 bootstrapped, E8's signature): with no audit their points are
+    pending, never granted. The default audit recomputes each record's demonstrations (seconds, no training): a
+    made-up record carries another demonstrator success, and its experiment is contradicted: 0. A real run copied
+    into another seed's slot, its seed edited, is refused with no audit at all: two warm starts that differ never
+    end with the same SFT loss."""
+    from course.report import pending_points, state
     write_handout(tmp_path / "h", only=["kl_k3"], silent_bug="ratio_always_one", hidden_seed=SECRET,
                   student="ana@uni.example")
     issued = json.loads((tmp_path / "h" / "answers.json").read_text())
-    made = reference_answers(issued["seeds"], issued["handout"])
-    def cannot_finish(settings, seconds, bug=None, threads=1):          # what training again would say is not needed here
-        raise subprocess.TimeoutExpired("train", seconds)
-    monkeypatch.setattr(course.audit, "rerun", cannot_finish)
+    made = reference_answers(issued["seeds"], issued["handout"], issued["exercises"])
+    monkeypatch.setattr(course.audit, "rerun", cannot_finish)   # what training again would say is not needed here
     graded = lambda answers, name, seconds: exercises(grade(answers_folder(tmp_path, answers, name),
                                                             only=["clock", "silent_bug"], hidden_seed=SECRET,
                                                             students=["ana@uni.example"], rerun_seconds=seconds))
-    assert [score(row)[0] for row in graded(made, "no-audit", 0).values()] == [16, 16], "no audit: full marks"
+    assert [(score(row)[0], pending_points(row)) for row in graded(made, "no-audit", 0).values()] == [(0, 16), (0, 16)]
     for ex, row in graded(made, "audited", AUDIT_SECONDS).items():
-        assert score(row) == (0, EXPERIMENTS[ex]) and "did not reproduce" in audited(row), (ex, audited(row))
-        assert "did not come from a run with its settings" in json.dumps(row["checks"])
-    copied = reference_answers(issued["seeds"], issued["handout"])
+        assert state(row) == "contradicted" and score(row) == (0, EXPERIMENTS[ex]), audited(row)
+        assert "not a run with its settings" in audited(row)
+    copied = reference_answers(issued["seeds"], issued["handout"], issued["exercises"])
     runs = copied["clock"]["runs"]["value_zero"]
     runs[1] = json.loads(json.dumps(runs[0]))                   # seed 0's run, handed in as seed 1's
     runs[1]["summary"]["config"]["seed"] = issued["seeds"][1]
     row = graded(copied, "copied", 0)["clock"]
-    assert score(row)[0] == 0 and "one is a copy of the other's run" in json.dumps(row["checks"]), row
+    assert score(row)[0] == pending_points(row) == 0 and "one is a copy of the other's run" in json.dumps(row["checks"])
 
 
 def test_each_student_has_their_own_seeds_and_bug_and_the_readmes_numbers_score_zero(tmp_path, capsys, monkeypatch,
@@ -283,14 +312,16 @@ def test_each_student_has_their_own_seeds_and_bug_and_the_readmes_numbers_score_
     write_handout(tmp_path / "alice", only=["kl_k3"], silent_bug="ratio_always_one", hidden_seed=SECRET,
                   student="alice@uni.example")
     issued = json.loads((tmp_path / "alice" / "answers.json").read_text())
-    honest = reference_answers(issued["seeds"], issued["handout"])       # records of runs made with her seeds
-    copied = reference_answers(README_SEEDS, issued["handout"])          # the README's numbers, its seeds 0, 1, 2
+    honest = reference_answers(issued["seeds"], issued["handout"], issued["exercises"])   # runs made with her seeds
+    copied = reference_answers(README_SEEDS, issued["handout"], issued["exercises"])  # the README's: seeds 0, 1, 2
     forged = dict(honest, handout=issued["handout"][:-1] + ("0" if issued["handout"][-1] != "0" else "1"))
 
-    def total(name, answers, *students) -> float:
+    from course.report import checked
+
+    def total(name, answers, *students) -> float:    # what the checks earn (no audit: pending for a person)
         report = grade(answers_folder(tmp_path, answers, name), only=["clock", "silent_bug"], hidden_seed=SECRET,
                        students=students)
-        return sum(score(row)[0] for row in exercises(report).values())
+        return sum(checked(row)[0] for row in exercises(report).values())
     assert total("honest", honest, "Alice@uni.example") == sum(EXPERIMENTS.values())
     assert total("copied", copied, "alice@uni.example") == 0, "the README's records answer nobody's seeds"
     assert total("forged", forged, "alice@uni.example") == 0
@@ -346,14 +377,33 @@ def test_an_explanation_is_read_by_a_person_and_never_scored_by_its_words(tmp_pa
     """A red team's row: a wrong clock.why that carries the words a keyword test looked for got full marks. Now an
     explanation earns nothing automatically, and an empty one loses nothing automatically: E3's records earn its
     autograded points, and the explanation's points stay pending, with its text, for a person to read."""
-    wrong, empty = reference_answers(), reference_answers()
+    from course.report import checked
+    wrong, empty, long = reference_answers(), reference_answers(), reference_answers()
     wrong["clock"]["why"] = "the value V(s) of the turn budget makes the clock bootstrap the budget's turns"
     empty["clock"]["why"] = ""
-    for name, answers in (("wrong", wrong), ("empty", empty)):
-        report = exercises(grade(answers_folder(tmp_path, answers, name), only=["clock"]))["clock"]
-        assert score(report) == (EXPERIMENTS["clock"], EXPERIMENTS["clock"]), report
-        assert report["pending"] == {"field": "clock.why", "points": READ_BY_A_PERSON["clock"][1],
-                                     "answer": answers["clock"]["why"] or "(empty)"}
+    long["clock"]["why"] = "Running out of turns is an end worth 0. " * 150 + "\x1b[2J the last words"   # 6,000
+    for name, answers in (("wrong", wrong), ("empty", empty), ("long", long)):
+        report = grade(answers_folder(tmp_path, answers, name), only=["clock"])
+        row = exercises(report)["clock"]
+        assert checked(row) == (EXPERIMENTS["clock"], EXPERIMENTS["clock"]), row
+        said = answers["clock"]["why"].replace("\x1b", "\\x1b") or "(empty)"
+        assert row["pending"] == {"field": "clock.why", "points": READ_BY_A_PERSON["clock"][1], "answer": said}
+        prose = gradescope_results(report, 1.0)["tests"][-2]        # where the staff read it, in Gradescope: in full
+        assert prose["name"] == "clock: clock.why (read by the course staff)" and \
+            prose["output"].endswith(textwrap.indent(said, "    ")) and "\x1b" not in prose["output"], prose
+
+
+def test_the_readme_says_the_autograders_points_and_the_manual_questions_as_the_code_counts_them():
+    """The course's total is the autograder's points plus the prose read by hand; the README says how to set up
+    the manual questions, with the numbers the code grades."""
+    automatic = sum(points for points, _ in EXERCISES.values()) + sum(EXPERIMENTS.values())
+    by_hand = {ex: points for ex, (_, points) in READ_BY_A_PERSON.items()}
+    readme = (course.REPO / "README.md").read_text()
+    homework = " ".join(readme[readme.index("## Homework"):readme.index("\n## ", readme.index("## Homework") + 5)].split())
+    assert f"the autograder's {automatic} points plus {sum(by_hand.values())} read by hand: " \
+           f"{automatic + sum(by_hand.values())}" in homework
+    for ex, (path, points) in READ_BY_A_PERSON.items():
+        assert f"manual question of {points} points for `{'.'.join(path)}`" in homework, ex
 
 
 @SLOW_SANDBOX
@@ -374,9 +424,194 @@ def test_a_class_run_outlives_one_failed_grading_and_shows_folder_names_escaped(
     code, printed = course_here(capsys, "grade", tmp_path / "class", "--only", "clock", "--json", tmp_path / "out",
                                 "--rerun", "0")
     assert code == 1 and "GRADER FAILED broken: RuntimeError('boom')" in printed and "\x1b" not in printed
-    assert "=== mallory\\x1b[2J\\ntotal 136 of 136" in printed and "\ntotal 136 of 136" not in printed, printed
+    assert "=== 'mallory\\x1b[2J\\ntotal 136 of 136" in printed and "\ntotal 136 of 136" not in printed, printed
     failed = json.loads((tmp_path / "out" / "broken.json").read_text())
-    assert "The grader failed, not your submission" in failed["output"] and len(list((tmp_path / "out").iterdir())) == 2
+    assert "The grader failed, not your submission (RuntimeError)" in failed["output"] and "boom" not in failed["output"]
+    assert len(list((tmp_path / "out").iterdir())) == 2
+
+
+def test_a_class_run_loses_no_ones_results_and_tells_every_student_apart(tmp_path, capsys, monkeypatch,
+                                                                         shared_sandbox):
+    """A red team's rows: folders `x y` and `x_y` wrote one results file; a folder removed mid-run ended the run with
+    no results for anyone; a folder whose name starts with a dot was skipped silently; `a\\nb` (a line break) and
+    `a\\\\nb` printed alike and shared one similarity entry; results and the page were readable by every user."""
+    clash, klass, out, page = tmp_path / "clash", tmp_path / "class", tmp_path / "out", tmp_path / "similarity.html"
+    clash.mkdir(), klass.mkdir()
+    for name in ("x y", "x_y"):
+        answers_folder(clash, reference_answers(), name)
+    code, printed = course_here(capsys, "grade", clash, "--only", "clock", "--json", tmp_path / "clash-out", "--rerun", "0")
+    assert code == 2 and f"{clash / 'x y'} and {clash / 'x_y'}: two submissions whose results would be one file " \
+                         "(x_y.json)" in printed, printed
+    assert not (tmp_path / "clash-out").exists(), "refused before anything is graded"
+    for name in ("a\nb", "a\\nb", "ana", "gone", ".late"):
+        answers_folder(klass, reference_answers(), name)
+    (klass / "notes.txt").write_text("")
+    on_disk = []
+
+    def grade_and_look(folder, *args, **kwargs):            # what is written before each grading; one folder vanishes
+        on_disk.append(sorted(p.name for p in out.iterdir()))
+        if Path(folder).name == "ana":
+            shutil.rmtree(klass / "gone")
+        return grading.grade(folder, *args, **kwargs)
+    monkeypatch.setattr(course.cli, "grade", grade_and_look)
+    code, printed = course_here(capsys, "grade", klass, "--only", "clock", "--json", out, "--html", page, "--rerun", "0")
+    assert on_disk == [[], ["a_b.json"], ["a_b.json", "a_nb.json"], ["a_b.json", "a_nb.json", "ana.json"]], \
+        "each student's results, written once graded"
+    assert sorted(p.name for p in out.iterdir()) == ["a_b.json", "a_nb.json", "ana.json", "gone.json"]
+    assert {oct(p.stat().st_mode & 0o777) for p in [*out.iterdir(), page]} == {"0o600"}
+    assert "GRADER FAILED gone: the folder" in printed and "vanished" in printed and \
+        "not your submission" in json.loads((out / "gone.json").read_text())["output"]
+    assert "SKIPPED .late: a folder whose name starts with a dot" in printed and "SKIPPED notes.txt: not a folder" \
+        in printed, printed
+    assert "=== 'a\\nb' ===" in printed and "=== 'a\\\\nb' ===" in printed, printed
+    index = page.read_text().split("</table>")[0]
+    assert index.count("<tr><td>") == 3 * 3, index                      # every pair, each name apart from the other
+    assert index.count("&#x27;a\\nb&#x27;</td>") == index.count("&#x27;a\\\\nb&#x27;</td>") == 3 + 2, index
+
+
+def test_a_handout_names_the_exercises_it_holds_and_grade_grades_those(tmp_path):
+    """A red team's row: a handout made with --only gae, graded without --only, scored the nine given pieces as
+    solved. Its answers.json now names the exercises handed out, and grade grades those (--only says otherwise);
+    with the course's secret the handout id binds the list, so an edited one does not verify."""
+    from course.grading import handed_out
+    write_handout(tmp_path / "gae", only=["gae"])
+    answers = json.loads((tmp_path / "gae" / "answers.json").read_text())
+    assert answers["exercises"] == ["gae"] and handed_out(answers, None, None) == (["gae"], "")
+    assert handed_out({}, None, None) == (list(EXERCISES), ""), "a handout made before it named none: all of them"
+    assert "not a list of exercise ids" in handed_out({"exercises": ["gae", "nope"]}, None, None)[1]
+    write_handout(tmp_path / "ana", only=["gae", "kl_k3"], hidden_seed=SECRET, student="ana@uni.example")
+    issued = json.loads((tmp_path / "ana" / "answers.json").read_text())
+    key = answer_key(issued, SECRET, ["ana@uni.example"], None)
+    assert key["seeds"] == issued["seeds"] and handed_out(issued, key, SECRET) == (["gae", "kl_k3"], "")
+    edited = dict(issued, exercises=list(EXERCISES))                  # claiming the given pieces too
+    key = answer_key(edited, SECRET, ["ana@uni.example"], None)
+    assert key["seeds"] is None and "exercises" in key["why"]
+    assert handed_out(edited, key, SECRET) == (list(EXERCISES), "answers.json's exercises are not verified by a "
+                                               "handout id issued to this student: every exercise graded")
+
+
+@SLOW_SANDBOX
+def test_a_partial_handout_is_graded_on_its_own_exercises(tmp_path, shared_sandbox):
+    write_handout(tmp_path / "gae", only=["gae"])
+    report = grade(tmp_path / "gae")
+    assert list(exercises(report)) == ["gae", *EXPERIMENTS] and score(report["gae"])[0] == 0, report.keys()
+
+
+def test_mechanical_rewrites_are_undone_before_fingerprinting():
+    """A red team's row: an ast rewriter (operators as operator.X(a, b), attribute reads as getattr(x, 'name')) took
+    the public reference to a share of 0.01 at full marks. The report writes such equivalences one way first: the
+    graded functions rewritten by the red team's rules, or by all four (augmented assignments and lambdas too),
+    normalize to the very text of the originals (the whole reference: the slow test below)."""
+    from course.similarity import normalized_module, solution_functions
+    reference = (course.REPO / "agentic_rl.py").read_text()
+    spans = function_spans(reference)
+    source = "\n".join("".join(reference.splitlines(keepends=True)[spans[q][0] - 1:spans[q][1]]) for q in
+                       [solution_functions()[ex][1] for ex in ("returns", "gae", "grpo", "ppo_clip", "kl_k3")]) + \
+        "def scaled(x, k):\n    x = x * k\n    x.grad = None\n    return x.data\n\ndef double(x):\n    return 2 * x\n"
+    for rules in (RED_TEAMS_RULES, ALL_RULES):
+        copy = rewritten(source, rules)
+        assert copy != source and "operator." in copy and "getattr(" in copy
+        assert normalized_module(copy)[0] == normalized_module(source)[0], rules
+
+
+@SLOW_SANDBOX
+def test_a_mechanical_rewrite_of_the_whole_reference_is_flagged(capsys):
+    """The public reference, both files rewritten whole (a red team's rules took it to 0.01; README: the shares):
+    flagged, at a share of 0.9 or more, every exercise's too."""
+    everything = tuple(sorted(EXERCISES))
+    files = {name: (course.REPO / name).read_text() for name in ("agentic_rl.py", "envs.py")}
+    for rules in (RED_TEAMS_RULES, ALL_RULES):
+        sim = similarity(own_code({name: rewritten(text, rules) for name, text in files.items()}, everything),
+                         reference_code(everything))
+        with capsys.disabled():
+            print(f"\n{'+'.join(rules)}: whole {sim['share']:.2f}; " +
+                  ", ".join(f"{ex} {r['share']:.2f}" for ex, r in sim["exercises"].items()))
+        assert sim["flagged"] and sim["share"] >= 0.9 and min(r["share"] for r in sim["exercises"].values()) >= 0.9
+
+
+@SLOW_SANDBOX
+def test_the_similarity_report_keeps_to_its_budget_and_grading_goes_on(tmp_path):
+    """A red team's row: the report ran in the grader's process with no budget, and 400 three-line helpers took a
+    12 s grading to 170 s. 400 now cost a few seconds; a submission past SIMILARITY_FUNCTIONS or SIMILARITY_TOKENS, or
+    one the report cannot finish within its seconds, is "too large to compare: N functions, M tokens", for the staff,
+    never a copy; a file that did not compile or could not be read is "not compared"."""
+    from course.similarity import SIMILARITY_FUNCTIONS, own_code_within
+    everything = list(EXERCISES)
+    files = {name: (course.REPO / name).read_text() for name in ("agentic_rl.py", "envs.py")}
+    helpers = lambda n: files["agentic_rl.py"] + "".join(f"\n\ndef helper_{i}(x):\n    y = x + {i}\n    return y * 2\n"
+                                                         for i in range(n))
+    seconds = []
+    for text in (files["agentic_rl.py"] + "\n", helpers(400)):
+        t = time.monotonic()
+        own = own_code_within({**files, "agentic_rl.py": text}, everything)
+        seconds.append(time.monotonic() - t)
+        assert not own["not_compared"] and similarity(own, reference_code(tuple(sorted(everything))))["flagged"]
+    assert seconds[1] - seconds[0] < 10, seconds                      # measured: about 2 s more (README)
+    for own in (own_code_within({**files, "agentic_rl.py": helpers(SIMILARITY_FUNCTIONS)}, everything),
+                own_code_within({**files, "agentic_rl.py": helpers(400)}, everything, seconds=0.2)):
+        sim = similarity(own, reference_code(tuple(sorted(everything))))
+        assert re.fullmatch(r"too large to compare: \d+ functions, \d+ tokens \(.*\)", own["not_compared"]["agentic_rl.py"])
+        assert not sim["flagged"] and any(line.startswith("agentic_rl.py: too large") for line in sim["not_compared"])
+    own = own_code_within({"envs.py": files["envs.py"]}, everything, {"agentic_rl.py": "SyntaxError: invalid syntax"})
+    sim = similarity(own, reference_code(tuple(sorted(everything))))
+    assert not sim["flagged"] and sim["not_compared"] == ["agentic_rl.py: SyntaxError: invalid syntax"] and \
+        list(sim["exercises"]) == ["permission_rule"]
+
+
+def test_the_similarity_page_opens_with_every_pair_by_its_highest_share():
+    """A red team's row: a hand rewrite at 0.05 was missing from the page, which drew flagged pairs only."""
+    from course.similarity import side_by_side
+    pair = lambda name, share, exercises, flagged=False: {"name": name, "against": "the public reference",
+                                                          "share": share, "fingerprints": 100, "flagged": flagged,
+                                                          "exercises": exercises, "not_compared": []}
+    pairs = [pair("hand <rewrite>", 0.05, {"gae": 0.05}), pair("copy-x", 0.62, {"gae": 1.0}, True),
+             pair("gae-x", 0.3, {"gae": 0.8}, True), pair("unreadable-x", 0.0, {})]
+    pairs[3]["not_compared"] = ["agentic_rl.py: it did not compile or could not be read (<script>)"]
+    page = side_by_side("code <similarity>", pairs, [])
+    index = page.split("</table>")[0]
+    at = [index.index(name) for name in ("copy-x", "gae-x", "hand &lt;rewrite&gt;", "unreadable-x")]
+    assert at == sorted(at) and index.count("<tr><td>") == 4, index
+    assert "<script>" not in page and "&lt;script&gt;" in page and "<rewrite>" not in page
+
+
+def test_a_classmates_planted_bug_in_a_submission_is_flagged():
+    """A bug planted in another student's handout is a strong, free sign that a submission copied that file."""
+    from course.report import carried
+    from course.similarity import planted_bugs
+    reference = (course.REPO / "agentic_rl.py").read_text()
+    spans, lines = function_spans(reference), reference.splitlines(keepends=True)
+    functions = "\n".join("".join(lines[spans[q][0] - 1:spans[q][1]]) for q in ("group_credit", "should_bootstrap"))
+    assert planted_bugs(functions) == [] and planted_bugs(rewritten(functions.replace(
+        SILENT_BUGS["one_group_per_batch"][2], SILENT_BUGS["one_group_per_batch"][3]))) == ["one_group_per_batch"]
+    lines = carried({"~bugs": {"own": "ratio_always_one", "others": ["one_group_per_batch"]}})
+    assert lines == ["its agentic_rl.py carries the silent bug 'one_group_per_batch', planted in another student's "
+                     "handout (its own: ratio_always_one): a copy of a classmate's file"]
+
+
+@SLOW_SANDBOX
+def test_a_submission_carrying_a_classmates_planted_bug_is_flagged(tmp_path, shared_sandbox, capsys):
+    sub = tmp_path / "bob"
+    write_handout(sub, only=["kl_k3"], silent_bug="one_group_per_batch")       # a classmate's handout, bug and all
+    fill(sub / "agentic_rl.py", "kl_k3", ["d = ref_logprobs - logprobs", "return d.exp() - d - 1"])
+    code, printed = course_here(capsys, "grade", sub, "--only", "kl_k3", "--silent-bug", "ratio_always_one",
+                                "--json", tmp_path / "bob.json")
+    staff = json.loads((tmp_path / "bob.json").read_text())["tests"][-1]["output"]
+    assert "FLAGGED: its agentic_rl.py carries the silent bug 'one_group_per_batch'" in staff and \
+        "carries the silent bug 'one_group_per_batch'" in printed
+
+
+def test_every_word_about_the_audit_states_its_rule(capsys):
+    """A red team's row: grade --help and the audit's and score's docstrings said a record that does not reproduce
+    zeroes its experiment, which the code never did. Each now states the rule: verified, contradicted or pending."""
+    import course.report
+    code, printed = course_here(capsys, "grade", "--help")
+    words = " ".join(printed.split())
+    assert code == 0 and "does not reproduce zeroes" not in words
+    for said in (words, course.audit.__doc__, course.audit.audit.__doc__, course.report.__doc__,
+                 course.report.score.__doc__):
+        assert all(word in said for word in ("verified", "contradicted", "pending")), said
+    homework = " ".join(course_here(capsys, "homework", "--help")[1].split())
+    assert "verified" in homework and "pending review" in homework, homework
 
 
 def test_experiments_are_graded_on_the_runs_own_records():
@@ -502,6 +737,80 @@ with torch.no_grad():
 return loss, {"clip_frac": float(clip_frac), "approx_kl": float(approx_kl)}"""}}
 
 
+OPERATOR_NAMES = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.FloorDiv: "floordiv",
+                  ast.Mod: "mod", ast.Pow: "pow", ast.MatMult: "matmul", ast.BitAnd: "and_", ast.BitOr: "or_",
+                  ast.BitXor: "xor", ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt",
+                  ast.GtE: "ge", ast.USub: "neg", ast.Invert: "invert"}
+RED_TEAMS_RULES, ALL_RULES = ("operators", "attributes"), ("operators", "attributes", "augmented", "lambdas")
+
+
+class Rewriter(ast.NodeTransformer):
+    """A copier's mechanical rewrite, rule by rule: "operators" (a X b, a comparison of two, -a and ~a as
+    operator.X calls), "attributes" (x.name read as getattr(x, 'name'), written as setattr), "augmented" (x = x X y
+    as x X= y) and "lambdas" (a def whose body is one return as a name bound to a lambda): what the similarity
+    report must see through (RED_TEAMS_RULES are a red team's 40-line rewriter's)."""
+
+    def __init__(self, rules):
+        self.rules = set(rules)
+
+    def operator(self, op, *args):
+        return ast.Call(ast.Attribute(ast.Name("operator", ast.Load()), OPERATOR_NAMES[type(op)], ast.Load()),
+                        list(args), [])
+
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+        return self.operator(node.op, node.left, node.right) if "operators" in self.rules else node
+
+    def visit_UnaryOp(self, node):
+        self.generic_visit(node)
+        return self.operator(node.op, node.operand) if "operators" in self.rules and type(node.op) in OPERATOR_NAMES \
+            else node
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        if "operators" in self.rules and len(node.ops) == 1 and type(node.ops[0]) in OPERATOR_NAMES:
+            return self.operator(node.ops[0], node.left, node.comparators[0])
+        return node
+
+    def visit_Attribute(self, node):
+        self.generic_visit(node)
+        if "attributes" in self.rules and isinstance(node.ctx, ast.Load):
+            return ast.Call(ast.Name("getattr", ast.Load()), [node.value, ast.Constant(node.attr)], [])
+        return node
+
+    def visit_Assign(self, node):
+        target, value = node.targets[0], node.value
+        if "augmented" in self.rules and len(node.targets) == 1 and isinstance(target, ast.Name) and \
+                isinstance(value, ast.BinOp) and isinstance(value.left, ast.Name) and value.left.id == target.id:
+            return self.visit(ast.AugAssign(target, value.op, value.right))
+        self.generic_visit(node)
+        if "attributes" in self.rules and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute):
+            target = node.targets[0]
+            return ast.Expr(ast.Call(ast.Name("setattr", ast.Load()), [target.value, ast.Constant(target.attr),
+                                                                       node.value], []))
+        return node
+
+    def visit_FunctionDef(self, node):
+        self.generic_visit(node)
+        if "lambdas" in self.rules and len(node.body) == 1 and isinstance(node.body[0], ast.Return) and \
+                node.body[0].value is not None and not node.decorator_list:
+            for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs, node.args.vararg, node.args.kwarg]:
+                if a is not None:
+                    a.annotation = None                         # a lambda's arguments have none
+            return ast.Assign([ast.Name(node.name, ast.Store())], ast.Lambda(node.args, node.body[0].value))
+        return node
+
+
+def rewritten(source: str, rules=ALL_RULES) -> str:
+    """A source rewritten by these rules, `import operator` after its docstring and __future__ imports."""
+    tree = Rewriter(rules).visit(ast.parse(source))
+    at = next(i for i, node in enumerate(tree.body) if not (isinstance(node, ast.ImportFrom) and
+                                                            node.module == "__future__" or
+                                                            i == 0 and isinstance(node, ast.Expr)))
+    tree.body.insert(at, ast.Import([ast.alias("operator")]))
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
 def solution(ex: str) -> list:
     """The reference's lines for an exercise, between its markers, dedented: what a copier pastes."""
     lines = (course.REPO / "agentic_rl.py").read_text().splitlines()
@@ -543,7 +852,7 @@ def test_a_copy_of_the_reference_is_flagged_and_solutions_written_fresh_are_not(
     reference's four solutions copied (disguised by renaming, brackets and do-nothing statements; nested in an `if
     True:`; moved into helpers the graded functions call): flagged; two students' fresh ones: not, against the
     reference or each other (README: five fresh students and the red team's copies, the shares measured)."""
-    four, reference = ["returns", "gae", "grpo", "ppo_clip"], reference_code(["returns", "gae", "grpo", "ppo_clip"])
+    four, reference = ["returns", "gae", "grpo", "ppo_clip"], reference_code(("gae", "grpo", "ppo_clip", "returns"))
     arguments = {"returns": "r, gamma", "gae": "r, v, last_value, bootstrap, gamma, lam", "grpo": "r, std, eps",
                  "ppo_clip": "logprobs, old_logprobs, advantages, mask, clip_eps, n"}
     copies = {"disguised": ({ex: disguised(solution(ex)) for ex in four}, ""),
@@ -572,5 +881,7 @@ def test_a_copy_of_the_reference_is_flagged_and_solutions_written_fresh_are_not(
     assert "FLAGGED disguised: 1.00 of its own code is the public reference's" in printed, printed
     assert "FLAGGED terse" not in printed and "similarity to disguised" in printed     # every pair compared
     page = (tmp_path / "similarity.html").read_text()
-    assert page.count("<h2>") == 4 and "disguised, ppo_clip, against the public reference: 100%" in page
+    index = page.split("</table>")[0]                                  # every pair first, flagged or not
+    assert index.count("<tr><td>") == 4 and index.index("disguised") < index.index("terse"), index
+    assert page.count("<h2") == 1 + 4 and "disguised, ppo_clip, against the public reference: 100%" in page
     assert "<script" not in page and "class=\"hit\"" in page

@@ -270,7 +270,7 @@ def test_a_detached_child_is_killed_and_answers_written_late_are_ignored_even_wi
 
 def test_whatever_a_submission_holds_it_gets_a_valid_results_json(tmp_path, capsys, shared_sandbox):
     cases = {"deep": {"answers.json": "[" * 100_000, "agentic_rl.py": course.REPO / "agentic_rl.py", "envs.py": "#" * (5 << 20)},
-             "special": {"answers.json": "dir", "envs.py": "fifo"}}
+             "special": {"answers.json": "dir", "envs.py": "fifo", "agentic_rl.py": b"\xff\xfe not UTF-8"}}
     for case, files in cases.items():
         submission = tmp_path / case
         write_handout(submission, only=["sign_test", "permission_rule"])
@@ -282,6 +282,8 @@ def test_whatever_a_submission_holds_it_gets_a_valid_results_json(tmp_path, caps
                 (submission / name).mkdir()
             elif what == "fifo":
                 os.mkfifo(submission / name)
+            elif isinstance(what, bytes):
+                (submission / name).write_bytes(what)
             else:
                 (submission / name).write_text(what)
         results = tmp_path / f"{case}.json"
@@ -291,8 +293,11 @@ def test_whatever_a_submission_holds_it_gets_a_valid_results_json(tmp_path, caps
         assert code == 1 and out["score"] == 0 and len(out["tests"]) == 6 + 2, (case, out)   # + E3's prose and the staff's
         text = printed + json.dumps(out)
         expected = {"deep": ["not valid JSON", "agentic_rl.py is a symbolic link", "envs.py is over 4 MiB"],
-                    "special": ["envs.py is a special file", "answers.json is a directory"]}[case]
+                    "special": ["envs.py is a special file", "answers.json is a directory",
+                                "agentic_rl.py cannot be read (UnicodeDecodeError)"]}[case]
         assert all(e in text for e in expected), (case, text[-1500:])
+        staff = out["tests"][-1]["output"]                   # a file that cannot be read is no copy of anything
+        assert "FLAGGED" not in staff and "not compared: agentic_rl.py: it did not compile or could not be read" in staff
 
 
 @SLOW_SANDBOX
@@ -607,15 +612,78 @@ def test_a_malformed_frame_ends_its_exercise_and_the_next_is_graded_and_a_stated
     """A red team's open rows. returns sends a frame header over the limit and, behind it, a frame shaped like the
     next check's answer: the grader stops reading at the header, kills the worker, and the exercise's other checks
     are not run (never answered by the decoy); sign_test, next in the same grading, is graded as usual. kl_k3
-    raises MemoryError itself: a crash of its code, not the memory limit (a real allocation failure still is)."""
+    raises MemoryError itself: a crash of its code, not the memory limit (a real allocation failure still is). gae
+    writes a well-formed frame of its own, which carries no request's id: the protocol is broken there too (it was
+    read as the answer, and every later reply came one request late). grpo hands back a function: the student reads
+    what it is, never the grader's object (it read `<course.sandbox.Remote object ...>`)."""
     sub = tmp_path / "sub"
-    write_handout(sub, only=["returns", "kl_k3"])
+    write_handout(sub, only=["returns", "kl_k3", "gae", "grpo"])
     fill(sub / "agentic_rl.py", "returns", DESYNC.splitlines())
     fill(sub / "agentic_rl.py", "kl_k3", ["raise MemoryError('a 3 GiB bytearray')"])
-    report = exercises(grade(sub, only=["returns", "kl_k3", "sign_test"], time_limit=20))
+    fill(sub / "agentic_rl.py", "gae", FORGED.format(asked="", returned="(r, r)").splitlines())
+    fill(sub / "agentic_rl.py", "grpo", ["return group_advantages"])
+    report = exercises(grade(sub, only=["returns", "kl_k3", "gae", "grpo", "sign_test"], time_limit=20))
+    said = [c["message"] for c in report["gae"]["checks"]]
+    assert "a reply out of turn" in said[0] and all("broke the grader's protocol" in m for m in said), said
+    assert "<function of your code>" in json.dumps(report) and "course.sandbox" not in json.dumps(report)
     returns = report["returns"]["checks"]
     assert {c["status"] for c in returns} == {"crashes"} and "a frame of 1099511627776 bytes" in returns[0]["message"]
     assert all(c["message"].startswith("not run: your code broke the grader's protocol") for c in returns[1:]), returns
     assert {c["status"] for c in report["sign_test"]["checks"]} == {"passed"}, "the next exercise, graded normally"
     kl = report["kl_k3"]["checks"]
     assert {c["status"] for c in kl} == {"crashes"} and "(raised by your code)" in kl[0]["message"], kl
+
+
+FORGED = """import json as _json, struct as _struct, sys as _s
+_f = _s._getframe()
+while "sock" not in _f.f_locals:
+    _f = _f.f_back
+_frame = {{"value": {{"~handle": 0, "type": "module"}}{asked}}}
+if "req" in _f.f_locals and {asked!r}:
+    _frame["id"] = _f.f_locals["req"]["id"]
+_data = _json.dumps(_frame).encode()
+_f.f_locals["sock"].sendall(_struct.pack("!Q", len(_data)) + _data)
+return {returned}"""
+
+
+@SLOW_SANDBOX
+def test_a_reply_out_of_turn_ends_its_exercise_and_no_grader_object_reaches_the_student(tmp_path, shared_sandbox):
+    """A red team's row: a well-formed forged frame was read as the answer, every later reply of the exercise came one
+    request late, and the student read `<course.sandbox.Remote object ...>`. Every reply now carries its request's id:
+    a forged frame without it, or one that copies the id (read as that request's answer, as if returned: then the
+    true reply comes out of turn), ends the exercise as "broke the grader's protocol"; a student's object shows as
+    what it is, never as the grader's."""
+    sub = tmp_path / "sub"
+    write_handout(sub, only=["gae", "grpo", "kl_k3"])
+    fill(sub / "agentic_rl.py", "gae", FORGED.format(asked="", returned="(r, r)").splitlines())
+    fill(sub / "agentic_rl.py", "grpo", FORGED.format(asked=", 'id': 0", returned="r - r.mean(-1, keepdim=True)")
+         .splitlines())
+    fill(sub / "agentic_rl.py", "kl_k3", ["return kl_k3"])                  # a function, where a tensor is due
+    report = exercises(grade(sub, only=["gae", "grpo", "kl_k3"], time_limit=20))
+    for ex, forged_answer_read in (("gae", 0), ("grpo", 1)):     # one that copied the id is read as an answer
+        said = [c["message"] for c in report[ex]["checks"]][forged_answer_read:]
+        assert "reply out of turn" in said[0] and all("broke the grader's protocol" in m for m in said), said
+        assert {c["status"] for c in report[ex]["checks"][forged_answer_read:]} == {"crashes"}
+    shown = json.dumps(report)
+    assert "<function of your code>" in shown and "course.sandbox" not in shown and " at 0x" not in shown, shown
+
+
+@SLOW_SANDBOX
+@pytest.mark.skipif(os.getuid() != 0 or not os.path.isdir(CGROUP_ROOT), reason="a worker's cgroup needs a root grader")
+def test_the_oom_killer_taking_the_worker_is_the_memory_limit_at_once(tmp_path, shared_sandbox):
+    """A red team's row: when the kernel's OOM killer took the worker itself (its cgroup's limit passed by it and a
+    child together, each under its own RLIMIT_AS), the verdict was "time limit: an endless loop" after the whole
+    time limit, where the child kept the socket open, or else "crashes: your code ended its process". Now the
+    worker's cgroup says so within a fraction of a second: "memory limit"."""
+    sub = tmp_path / "sub"
+    write_handout(sub, only=["kl_k3"])
+    fill(sub / "agentic_rl.py", "kl_k3", ["import os, time", "if os.fork() == 0:",      # a child holds 96 MiB
+                                          "    held = bytearray(96 << 20)", "    time.sleep(120)", "    os._exit(0)",
+                                          "time.sleep(1)", "hog = []", "while True:",       # the worker, more: the
+                                          "    hog.append(bytearray(16 << 20))"])           # OOM killer's choice
+    t = time.time()
+    report = grade(sub, only=["kl_k3"], time_limit=60, memory=384 << 20)
+    checks = report["kl_k3"]["checks"]
+    if "cgroup v" not in report["~sandbox"]:
+        pytest.skip(f"no cgroup on this machine: {report['~sandbox']}")
+    assert {c["status"] for c in checks} == {"memory limit"} and time.time() - t < 30, (checks, time.time() - t)
