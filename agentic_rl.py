@@ -39,6 +39,7 @@ import functools
 import hashlib
 import html
 import importlib
+import importlib.util
 import inspect
 import json
 import math
@@ -1208,6 +1209,10 @@ def validate_config(cfg: Config) -> Config:
     broken = class_failures(env_class(cfg.env))  # what the environment's class itself must hold (below)
     if broken:
         raise ValueError(f"env={cfg.env!r}: " + "; ".join(text for _, text in broken))
+    for name in env_settings(cfg):  # a setting its environment's constructor does not take: it would do nothing
+        if name not in env_keywords(env_class(cfg.env)):
+            raise ValueError(f"{name}={getattr(cfg, name)}: {cfg.env} takes no `{ENV_FLAGS[name]}` (the setting of "
+                             f"another environment); drop --{name.replace('_', '-')}")
     least = max(2 * (env_class(cfg.env).max_obs_words + 2) + cfg.max_action_tokens, 160 * cfg.legs * (cfg.legs > 1))
     if cfg.block_size < least:
         raise ValueError(f"block_size={cfg.block_size}: {cfg.env}{f' with {cfg.legs} legs' if cfg.legs > 1 else ''} "
@@ -1223,10 +1228,6 @@ def validate_config(cfg: Config) -> Config:
         if getattr(cfg, name) != getattr(Config, name) and getattr(cfg, key) not in needed:
             raise ValueError(f"{name}={getattr(cfg, name)}: only used with {key} in {'/'.join(needed)}; drop it or "
                              f"change --{key.replace('_', '-')}")
-    for name in env_settings(cfg):  # and one its environment's constructor does not take
-        if name not in env_keywords(env_class(cfg.env)):
-            raise ValueError(f"{name}={getattr(cfg, name)}: {cfg.env} takes no `{ENV_FLAGS[name]}` (the setting of "
-                             f"another environment); drop --{name.replace('_', '-')}")
     if cfg.async_rollout and cfg.max_staleness < 1:
         raise ValueError("async_rollout: the actor samples with policy v-1, so max_staleness must be >= 1 (--max-staleness 1)")
     if cfg.max_turns == 1:
@@ -1302,7 +1303,10 @@ def resolve_env(env: str) -> tuple:
     """--env -> (gymnasium EnvSpec, the TextToolEnv subclass it makes). env is a registered gymnasium id (the bundled
     AgenticRL/..., or one your module registers: MODULE:ID imports MODULE first, as gymnasium.make does) or
     MODULE:CLASS, a class in a module importable from the working directory. Anything else: one sentence."""
-    module, _, name = env.rpartition(":") if isinstance(env, str) else ("", "", "")
+    module, _, name = env.rpartition(":")
+    if module and (module.endswith(".py") or not all(part.isidentifier() for part in module.split("."))):
+        raise ValueError(f"env={env!r}: {module!r} is not a module's name; write it as `import` takes it (no folder, "
+                         f"no .py: {Path(module).stem.strip()}:{name.strip()}), from the folder that holds it")
     if module:
         found = getattr(import_env_module(module, env), name, None)
         if found is not None:
@@ -1313,11 +1317,18 @@ def resolve_env(env: str) -> tuple:
         entry = spec.entry_point
         found = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
         return spec, text_tool_class(found, env)
+    if module:
+        theirs = [k for k, v in vars(sys.modules[module]).items() if isinstance(v, type) and
+                  issubclass(v, envs.TextToolEnv) and v.__module__ == module]
+        raise ValueError(f"env={env!r}: module {module} has no class or registered id {name!r}; its TextToolEnv "
+                         f"classes: {', '.join(theirs) or 'none'}")
     mine = sorted(k for k, v in gym.registry.items() if isinstance(v.entry_point, type) and
                   issubclass(v.entry_point, envs.TextToolEnv))
-    raise ValueError(f"env={env!r}: " + (f"module {module} has no class or registered id {name!r}" if module else
-                     "no gymnasium id of that name") + f"; use a registered one ({', '.join(mine)}) or MODULE:CLASS "
-                     "(your own: python agentic_rl.py new-env NAME writes one)")
+    head, dot, tail = env.rpartition(".")
+    hint = f"; for class {tail} of module {head}, write {head}:{tail}" if dot and tail.isidentifier() else \
+        f"; for a class of module {env}, write {env}:CLASS" if env.isidentifier() else ""
+    raise ValueError(f"env={env!r}: no gymnasium id of that name{hint}; use a registered one ({', '.join(mine)}) or "
+                     "MODULE:CLASS (your own: python agentic_rl.py new-env NAME writes one)")
 
 
 def import_env_module(module: str, env: str):
@@ -1326,13 +1337,16 @@ def import_env_module(module: str, env: str):
         try:
             return importlib.import_module(module)
         except ModuleNotFoundError as e:
-            if e.name != module.split(".")[0] or attempt or os.getcwd() in sys.path:
+            if not module.startswith(str(e.name)):  # the module itself was found: something it imports was not
+                raise ValueError(f"env={env!r}: importing {module} failed: it imports {e.name}, which is not "
+                                 "installed here") from None
+            if attempt or os.getcwd() in sys.path:
                 raise ValueError(f"env={env!r}: no module named {e.name!r} (working directory {os.getcwd()}): "
                                  f"run from the folder that holds {module.replace('.', '/')}.py, or add that "
                                  "folder to PYTHONPATH") from None
             sys.path.append(os.getcwd())
         except Exception as e:  # the module's own error: say where it was raised
-            raise ValueError(f"env={env!r}: importing {module} failed: {type(e).__name__}: {e}") from e
+            raise ValueError(f"env={env!r}: importing {module} failed: {raised(e)}") from e
 
 
 def text_tool_class(found, env: str):
@@ -1394,12 +1408,19 @@ def class_failures(cls) -> list:
             out.append(("class", f"tool {tool!r} has no method _tool_{tool}(*args) -> (observation, terminated)"))
         out += [("class", f"tool {tool!r} takes a {kind!r}, which argument_words does not list") for kind in kinds
                 if kind not in allowed]
+    out += [("class", f"{name} does not write {method}(): TextToolEnv's docstring says what it returns")
+            for method in ("make_task", "split_of", "new_state", "prompt", "host_view", "reward")
+            if getattr(cls, method) is getattr(envs.TextToolEnv, method)]
     vocabulary = set(cls.words) if isinstance(cls.words, (tuple, list)) else set()
+    spaced = [w for w in vocabulary if not isinstance(w, str) or w.split() != [w]]
+    if spaced or not vocabulary:
+        out.append(("vocabulary", f"{name}.words must be a tuple of single words (one word = one token); "
+                                  f"{spaced[:3] or 'it is empty'}"))
     out += [("vocabulary", f"the call word {w!r} is not in {name}.words: add it (a policy cannot say a word it lacks)")
             for w in dict.fromkeys([*schema, *(w for ws in allowed.values() for w in ws)]) if w not in vocabulary]
-    for attr, low in (("max_obs_words", 1), ("warm_start_epochs", 1), ("max_turns", 2)):
-        if type(getattr(cls, attr)) is not int or getattr(cls, attr) < low:
-            out.append(("class", f"{name}.{attr} = {getattr(cls, attr)!r}: set an int >= {low}"))
+    for attr, low, high in (("max_obs_words", 1, 200), ("warm_start_epochs", 1, 1000), ("max_turns", 2, envs.MAX_TURNS)):
+        if type(getattr(cls, attr)) is not int or not low <= getattr(cls, attr) <= high:  # 200: 400 characters' words
+            out.append(("class", f"{name}.{attr} = {getattr(cls, attr)!r}: set an int in [{low}, {high}]"))
     rules = cls.safety_rules
     if not isinstance(rules, tuple) or not all(isinstance(r, str) and r.isidentifier() for r in rules) or \
             set(rules) & set(HOST_RULES):
@@ -1426,14 +1447,16 @@ CONTRACT = {  # rule -> what holds when check-env passes it
     "tasks": "the same task_id gives the same task, and the same seed the same episode",
     "splits": "every task is train or holdout, and neither split is empty",
     "records": "the demonstrator's calls are well formed and every episode makes a record the store admits",
+    "demonstrator": "the demonstrator solves nearly every task without its habit, and fewer with it",
 }
 
 
 def check_contract(cfg: Config, episodes: int) -> tuple:
     """Play `episodes` episodes per split with each actor, the demonstrator without and with its habit and random
-    well-formed calls (which meet the gate's rules) -> (failures {rule: [at most 3 sentences]}, facts: the
-    demonstrator's success per habit, task ids where the evaluator and the reward disagree, the longest observation).
-    train() runs it with a few episodes before it builds anything; check-env with many."""
+    well-formed calls (which meet the gate's rules) -> (failures {rule: [at most 3 sentences]}, facts: per habit, the
+    demonstrator's train episodes, successes, cuts, denials and costs; task ids where the evaluator and the reward
+    disagree; the longest observation and episode). train() runs it with a few episodes before it builds anything;
+    check-env with many."""
     cfg, found = replace(cfg, time_limit=0, tool_latency_ms=0.0), {}
 
     def fail(rule, text):
@@ -1444,7 +1467,7 @@ def check_contract(cfg: Config, episodes: int) -> tuple:
         fail(rule, text)
     if found:
         return found, {}
-    tok, facts = make_tokenizer(cfg.env), {"success": {}, "disagree": [], "longest": 0}
+    tok, facts = make_tokenizer(cfg.env), {"demonstrator": {}, "disagree": [], "longest": (0, ""), "tokens": 0}
     raw = make_env(cfg).unwrapped
     splits = [raw.split_of(raw.make_task(int(t))) for t in np.random.default_rng(0).integers(0, 10**6, 50 * episodes)]
     if set(splits) != {"train", "holdout"}:
@@ -1458,17 +1481,41 @@ def check_contract(cfg: Config, episodes: int) -> tuple:
         return " ".join([tool] + [str(random_calls.choice(cls.argument_words[k])) for k in cls.tool_schema[tool]])
     for split in ("train", "holdout"):
         for habit in (0.0, 1.0, None):  # None: random calls
-            wins = []
+            played = []
             for i in range(episodes):
                 demo = None if habit is None else cls.Demonstrator(habit, seed=i)
-                played = probe_episode(cfg, tok, i, split, demo, random_call, fail, facts)
-                if played is not None and demo is not None:
-                    wins.append(played.reward >= 1)
-                    if i < 2:  # the same seed, the same episode; the same task_id, the same task
-                        replay_episode(cfg, tok, i, split, played, fail)
-            if habit is not None and split == "train" and wins:
-                facts["success"][habit] = float(np.mean(wins))
+                played.append(probe_episode(cfg, tok, i, split, demo, random_call, fail, facts))
+                if played[-1] is not None and demo is not None and i < 2:  # the same seed, the same episode;
+                    replay_episode(cfg, tok, i, split, played[-1], fail)    # the same task_id, the same task
+            if habit is not None and split == "train":
+                facts["demonstrator"][habit] = demonstrator_facts([ep for ep in played if ep is not None])
+    words, longest = facts["longest"]
+    if words > cls.max_obs_words:
+        fail("clock", f"the longest observation has {words} words ({longest!r}), above max_obs_words="
+                      f"{cls.max_obs_words}: set max_obs_words = {words} or more (the host keeps that much room)")
+    if facts["disagree"] and "evaluator" not in found:
+        fail("evaluator", f"the evaluator and the reward disagree on {len(facts['disagree'])} of the demonstrator's "
+                          f"episodes (task ids {facts['disagree'][:5]}): one of them misjudges the final state")
+    best = facts["demonstrator"].get(0.0)
+    if best and not best["wins"]:
+        fail("demonstrator", f"without its habit the demonstrator solves 0 of its {best['episodes']} train tasks "
+                             f"({best['episodes'] - best['truncated']} ended unsolved, {best['truncated']} ran out of "
+                             f"turns; the gate denied {best['denied']} of its calls): "
+                             "imitation cannot start from it; find what stops it (Demonstrator.act, the call that "
+                             "should end the episode, permission_rule)")
     return found, facts
+
+
+def demonstrator_facts(played: list) -> dict:
+    """The demonstrator's train episodes of one habit: how many, solved, cut by the budget, denied calls, and the
+    cost of a solved task (tool calls, action tokens, credits per success), as the release gates count them."""
+    wins, turns = sum(ep.reward >= 1 for ep in played), [t for ep in played for t in ep.turns]
+    per_win = lambda total: total / wins if wins else None
+    return {"episodes": len(played), "wins": wins, "success": wins / max(1, len(played)),
+            "truncated": sum(ep.truncated for ep in played), "denied": sum(not t.gate_allowed for t in turns),
+            "tool_calls_per_success": per_win(sum(t.gate_allowed for t in turns)),
+            "tokens_per_success": per_win(sum(len(t.action_tokens) for t in turns)),
+            "credits_per_success": per_win(sum(t.cost for t in turns))}
 
 
 def probe_episode(cfg: Config, tok: Tokenizer, seed: int, split: str, demo, random_call, fail, facts):
@@ -1511,10 +1558,12 @@ def probe_episode(cfg: Config, tok: Tokenizer, seed: int, split: str, demo, rand
         return fail("endings", f"an episode went past its budget of {raw.max_turns} turns without ending")
     check_observation(raw, obs, known, fail, facts)
     ep.final_obs_tokens = tok.encode_observation(obs)
+    facts["tokens"] = max(facts["tokens"], sum(len(t.obs_tokens) + len(t.action_tokens) for t in ep.turns) +
+                          len(ep.final_obs_tokens))
     check_verdict(env, ep, demo is not None, fail, facts)
     try:
-        if split == "train":  # (the store takes training episodes only)
-            TrajectoryStore(0, len(tok)).add(ep, 0)
+        if split == "train" and all(0 <= t.reward <= 1 for t in ep.turns):  # the store takes training episodes only;
+            TrajectoryStore(0, len(tok)).add(ep, 0)                            # a bad reward is said once, above
     except ValueError as e:
         fail("records", f"the store refuses its episode: {e}")
     return ep
@@ -1541,10 +1590,7 @@ def check_observation(raw, obs, known: set, fail, facts: dict):
     if raw.show_clock and words[-2:] != [str(left), "left"]:
         fail("clock", f"the observation {obs!r} does not end with the turns left ('{left} left'): return the text "
                       "from _tool_<name> and let the base append the clock")
-    facts["longest"] = max(facts["longest"], len(words))
-    if len(words) > raw.max_obs_words:
-        fail("clock", f"the observation {obs!r} has {len(words)} words, above max_obs_words={raw.max_obs_words}: "
-                      "raise max_obs_words to the longest observation (the host keeps that much room)")
+    facts["longest"] = max(facts["longest"], (len(words), obs))
 
 
 def check_verdict(env, ep: Episode, by_demonstrator: bool, fail, facts: dict):
@@ -1987,7 +2033,9 @@ def save_run_state(run: "Run"):
 def load_run_state(run_dir: str) -> tuple:
     """(state, its Config) of an interrupted run, or a clear refusal."""
     path, what = Path(run_dir) / "state.pt", f"--resume {run_dir}"
-    state = load_trusted(path, what, "no state.pt there; only a run started by this version can resume")
+    state = load_trusted(path, what, "no state.pt there: a run writes it when its first iteration ends (one stopped "
+                                     "before has nothing to resume: start it again with --overwrite), and only a run "
+                                     "started by this version can resume")
     missing = [k for k in STATE_KEYS if k not in state]
     if missing:
         raise ValueError(f"{what}: state.pt lacks {missing}; it cannot be resumed")
@@ -2092,8 +2140,10 @@ class Run:
                 self.log.writelines(json.dumps(m) + "\n" for m in self.history)  # a resumed run rewrites its own
                 yield actor
         except KeyboardInterrupt:
-            self.say(f"\ninterrupted after {len(self.history)} iterations" + ("" if self.cfg.async_rollout else
-                     f"; continue with: python agentic_rl.py train --resume {self.dir}"))
+            hint = "" if self.cfg.async_rollout else \
+                f"; continue with: python agentic_rl.py train --resume {self.dir}" if self.history else \
+                "; none ended, so there is nothing to resume: start it again with --overwrite"
+            self.say(f"\ninterrupted after {len(self.history)} iterations{hint}")
             raise
         finally:
             self.seconds["rl_wall"] = time.time() - t_rl - self.seconds["dev_checks"]  # async phases overlap
@@ -2405,42 +2455,57 @@ def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
 
 def check_env_command(env: str, episodes: int = 200) -> bool:
     """check-env ENV: Gymnasium's check_env, then the chapter's environment contract by playing (check_contract:
-    `episodes` episodes per split and actor), then the demonstrator's success with its habit off and on. One line per
-    rule, each failure a sentence naming the environment, the value and the fix. Returns whether all held."""
+    `episodes` episodes per split and actor), then what the demonstrator's episodes say of its habit and of the
+    release gates. One line per rule, each failure a sentence naming the environment, the value and the fix; notes
+    for what is allowed but will cost you. Returns whether every rule held."""
     from gymnasium.utils.env_checker import check_env
     cls = env_class(env)
     print(f"check-env {env}: {cls.__module__}.{cls.__name__} ({cls.env_version or '?'} / {cls.reward_version or '?'})")
-    failures = {}
+    failures, facts, notes = {}, {}, []
     for rule, text in class_failures(cls):
         failures.setdefault(rule, []).append(f"{env}: {text}")
-    facts = {}
-    if not failures:
-        cfg = validate_config(Config(env=env))
+    if not failures:  # a block_size that fits the declared observations: check-env judges the environment alone
+        cfg = validate_config(Config(env=env, block_size=max(Config.block_size, 2 * (cls.max_obs_words + 2) + 6)))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 check_env(make_env(cfg).unwrapped, skip_render_check=True)
             except Exception as e:
                 failures["gymnasium"] = [f"{env}: gymnasium's check_env: {raised(e)}"]
-        for w in {str(w.message) for w in caught}:
-            print(f"  note  gymnasium: {w}")
+        notes += [f"gymnasium: {w}" for w in dict.fromkeys(str(w.message) for w in caught)]
         more, facts = check_contract(cfg, episodes)
         failures.update(more)
-        success = facts.get("success", {})
-        if success.get(0.0, 1.0) < 0.9:
-            failures["demonstrator"] = [f"{env}: with habit 0 the demonstrator solves {success[0.0]:.3f} of train tasks: "
-                                        "imitation cannot start from it; fix Demonstrator.act until it solves nearly all"]
-    rules = {"gymnasium": "gymnasium's check_env", **CONTRACT, "demonstrator": "the demonstrator, habit off, solves "
-             "nearly every task"}
-    for rule, holds in rules.items():
+    off, on = (facts.get("demonstrator", {}).get(habit) for habit in (0.0, 1.0))
+    if off and on and off["wins"]:
+        if off["success"] < 0.9:
+            failures.setdefault("demonstrator", []).append(
+                f"{env}: without its habit the demonstrator solves {off['success']:.3f} of train tasks ({off['truncated']} "
+                f"of {off['episodes']} ran out of turns; the gate denied {off['denied']} of its calls): imitation starts "
+                "from what it shows; make it solve nearly every task")
+        if on["success"] >= off["success"] - 0.02:
+            failures.setdefault("demonstrator", []).append(
+                f"{env}: with its habit the demonstrator solves {on['success']:.3f}, without it {off['success']:.3f}: "
+                "the habit costs nothing, so imitation copies nothing for RL to fix (or reward() pays for its mistakes)")
+        for key in ("tool_calls_per_success", "tokens_per_success", "credits_per_success"):
+            if on[key] and off[key] > (1 + MAX_COST_GROWTH) * on[key]:
+                notes.append(f"without its habit the demonstrator spends {off[key]:.3g} {key.replace('_', ' ')}, with it "
+                             f"{on[key]:.3g}: a policy that drops the habit may fail that release gate (at most "
+                             f"{1 + MAX_COST_GROWTH:g} x the incumbent's); price the tools for what a call costs")
+    if facts.get("longest") and cls.max_obs_words > 2 * facts["longest"][0] + 4:
+        notes.append(f"max_obs_words {cls.max_obs_words} is far above the longest observation played ({facts['longest'][0]} "
+                     "words): the host keeps that much room free in every context; lower it")
+    if facts.get("tokens", 0) > Config.block_size:
+        notes.append(f"an episode played here has {facts['tokens']} tokens, more than the default block_size "
+                     f"{Config.block_size}: train with --block-size {facts['tokens']} or more")
+    for rule, holds in {"gymnasium": "gymnasium's check_env", **CONTRACT}.items():
         for text in failures.get(rule, []) or [None]:
             print(f"  {'FAIL' if text else 'ok  '}  {text or holds}")
-    if facts.get("success"):
-        disagree = facts["disagree"]
-        print(f"demonstrator success on train tasks: habit 0 {facts['success'][0.0]:.3f}, habit 1 "
-              f"{facts['success'][1.0]:.3f}; the evaluator and the reward disagree on {len(disagree)} of its episodes"
-              f"{f' (task ids {disagree[:5]})' if disagree else ''}; the longest observation has {facts['longest']} "
-              f"words (max_obs_words {cls.max_obs_words})")
+    for note in notes:
+        print(f"  note  {note}")
+    if off and on:
+        print(f"demonstrator success on train tasks: habit 0 {off['success']:.3f}, habit 1 {on['success']:.3f}; the "
+              f"evaluator and the reward disagree on {len(facts['disagree'])} of its episodes; the longest observation "
+              f"has {facts['longest'][0]} words (max_obs_words {cls.max_obs_words})")
     print("all rules hold" if not failures else f"{sum(map(len, failures.values()))} failure(s)")
     return not failures
 
@@ -2452,6 +2517,9 @@ def new_env(name: str, out: str = ".") -> Path:
     path, cls = Path(out) / f"{name}.py", "".join(w.capitalize() for w in name.split("_")).removesuffix("Env") + "Env"
     if path.exists():
         raise ValueError(f"new-env {name}: {path} exists; choose another name or move it away")
+    if name in sys.modules or importlib.util.find_spec(name) is not None:  # `import NAME` would find that one
+        raise ValueError(f"new-env {name}: a module named {name} is already importable here (`import {name}` would "
+                         "find it, not your file); choose another name")
     text = envs.TEMPLATE.replace("library:LibraryEnv", f"{name}:{cls}").replace("new-env library", f"new-env {name}")
     text = text.replace("LibraryEnv", cls).replace('"library-', f'"{name}-')
     writable_dir(out, "--out")

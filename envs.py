@@ -107,9 +107,10 @@ class TextToolEnv(gym.Env):
         max_obs_words    the longest observation in words, the clock included: the host keeps that much room
                          free in its context window (block_size) before it lets an episode go on
         max_turns        the default turn budget, in [2, MAX_TURNS]; an instance's own once constructed
-        safety_rules     every name permission_rule can return. The host says it to the agent ("denied : <rule>",
-                         so each is a word of the vocabulary) and counts its denials; at the release gates a
-                         candidate with more safety denials than the incumbent is not promoted
+        safety_rules     every name permission_rule can return. The host says it to the agent ("denied : <rule>":
+                         the host adds `denied`, its own rules and these to the vocabulary itself) and counts its
+                         denials; at the release gates a candidate with more safety denials than the incumbent is
+                         not promoted
         warm_start_epochs  passes over the demonstrations that imitation needs here (a learner's default, 4)
         Demonstrator     the scripted teacher of the warm start: Demonstrator(habit, seed) with .reset(first
                          observation) and .act(observation) -> action text, reading only what the policy reads.
@@ -219,6 +220,9 @@ class TextToolEnv(gym.Env):
             raise ValueError(f"options: task_id {task_id} is a {self.split_of(task)} task, not {split}")
         self.episode_count += 1
         self.state = self.new_state(task)
+        if not all(hasattr(self.state, f) for f in ("turns", "finished", "last_tool")):
+            raise ValueError(f"{type(self).__name__}.new_state returned {type(self.state).__name__}: return an object "
+                             "with the fields turns (0), finished (False) and last_tool ('') that this class updates")
         self.host_task = self.host_view(task)
         self._last_obs = obs = self._with_clock(self.prompt(task))
         info = {"task_id": int(task_id), "env_version": self.env_version, "reward_version": self.reward_version,

@@ -1807,7 +1807,8 @@ def test_train_names_each_mistake_of_an_environment_before_it_builds_anything(ow
             "permission_rule returned 'wrong_reader', which is not in its safety_rules"),
         "a word missing": (dict(words=tuple(w for w in lib.words if w != "damaged")), "the word 'damaged' \\(in the "
                                                                                     "observation '.* damaged .* left'"),
-        "max_obs_words too small": (dict(max_obs_words=5), "has [0-9]+ words, above max_obs_words=5"),
+        "max_obs_words too small": (dict(max_obs_words=5), "the longest observation has 9 words .*, above "
+                                                          "max_obs_words=5: set max_obs_words = 9 or more"),
         "a reward of -1": (dict(reward=lend_damaged_pays_minus_one), "reward -1.0 after 'lend "),
         "no demonstrator": (dict(Demonstrator=None), "Env.Demonstrator = None: set a class Demonstrator"),
         "an evaluator that reads the reward": (dict(evaluate_episode=staticmethod(judge_by_the_reward)),
@@ -1822,9 +1823,18 @@ def test_train_names_each_mistake_of_an_environment_before_it_builds_anything(ow
                                       "tool 'renew' has no method _tool_renew"),
         "a tool that raises": (dict(_tool_find=lambda self, book: 1 / 0), "raised ZeroDivisionError: division by zero "
                                                                         "\\(test_agentic_rl.py line [0-9]+"),
+        "a method not written": (dict(host_view=envs.TextToolEnv.host_view), "Env does not write host_view\\(\\)"),
+        "a state without the base's fields": (dict(new_state=lambda self, task: {}), "new_state returned dict: return "
+                                                                                   "an object with the fields turns"),
+        "a budget past the clock": (dict(max_turns=50), "Env.max_turns = 50: set an int in \\[2, 40\\]"),
+        "a word with a space": (dict(words=lib.words + ("two words",)), "words must be a tuple of single words"),
+        "a lending that never ends": (dict(_tool_lend=lambda self, book, shelf, reader: ("lent", False)),
+                                      "solves 0 of its 3 train tasks \\(3 ended unsolved, 0 ran out"),
+        "an evaluator that disagrees": (dict(evaluate_episode=staticmethod(lambda env: envs.Verdict(True, 0, 0, 0, ""))),
+                                        "the evaluator and the reward disagree on [0-9]+ of the demonstrator's"),
     }
     for mistake, (changes, named) in mistakes.items():
-        env = broken(mistake.replace(" ", "_").replace("'", ""), lib, **changes)
+        env = broken(re.sub(r"\W", "_", mistake), lib, **changes)
         cfg = tiny_config(env=env, run_dir=f"runs/{mistake.replace(' ', '_')}", warm_start_episodes=20)
         with pytest.raises(ValueError, match=named):
             A.train(cfg, progress=False)
@@ -1836,15 +1846,24 @@ def test_what_is_not_a_text_tool_environment_is_refused_by_one_sentence(own_env,
         observation_space = action_space = gym.spaces.Discrete(2)
     sys.modules["plain_env"] = type(sys)("plain_env")
     sys.modules["plain_env"].Plain, sys.modules["plain_env"].make = Plain, lambda: Plain()
+    Path("needs_more.py").write_text("import nonexistent_package_xyz\n")
     for env, named in [("plain_env:Plain", "Plain is a gymnasium.Env but not an envs.TextToolEnv: subclass "
                                            "envs.TextToolEnv"),
                        ("plain_env:make", "make is not an environment class"),
                        ("plain_env:Nothing", "module plain_env has no class or registered id 'Nothing'"),
                        ("FxQuote-v0", "no gymnasium id of that name; use a registered one \\(AgenticRL/CodeRepair-v0, "
                                       "AgenticRL/FlightBooking-v0, AgenticRL/Vault-v0.*\\) or MODULE:CLASS"),
-                       ("no_such_module:Env", "no module named 'no_such_module'")]:
+                       ("no_such_module:Env", "no module named 'no_such_module'"),
+                       ("library.py:LibraryEnv", "'library.py' is not a module's name; .*no .py: library:LibraryEnv"),
+                       ("elsewhere/library:LibraryEnv", "is not a module's name"),
+                       ("library:LibraryENV", "has no class or registered id 'LibraryENV'; its TextToolEnv classes: "
+                                              "LibraryEnv"),
+                       ("library.LibraryEnv", "for class LibraryEnv of module library, write library:LibraryEnv"),
+                       ("needs_more:Env", "importing needs_more failed: it imports nonexistent_package_xyz, which is "
+                                          "not installed here"),
+                       ("library:LibraryEnv --legs 3", "takes no `legs`")]:
         with pytest.raises(SystemExit) as refusal:
-            A.main(["train", "--env", env])
+            A.main(["train", "--env"] + env.split())
         assert refusal.value.code == 2 and re.search(named, capsys.readouterr().err)
     gym.register("LendingDesk-v0", entry_point="library:LibraryEnv")  # a gymnasium id: MODULE:ID imports MODULE
     try:
@@ -1856,10 +1875,28 @@ def test_what_is_not_a_text_tool_environment_is_refused_by_one_sentence(own_env,
         A.validate_config(tiny_config(env="library:LibraryEnv", injection_rate=0.5))
 
 
+def test_check_env_fails_a_habit_that_costs_nothing_and_notes_what_will_cost(own_env, capsys):
+    library = A.import_env_module("library", "library:LibraryEnv")
+    lib = library.LibraryEnv
+
+    class NoHabit(library.Librarian):  # checks the shelves whatever its habit
+        def reset(self, first_obs):
+            super().reset(first_obs)
+            self.blind = False
+    for changes, failed, said in [
+            (dict(Demonstrator=NoHabit), True, "the habit costs nothing, so imitation copies nothing for RL to fix"),
+            (dict(tool_cost={**lib.tool_cost, "check": 6.0}), False, "note  without its habit the demonstrator spends "
+                                                                     "[0-9.]+ credits per success, with it [0-9.]+"),
+            (dict(max_obs_words=150), False, "note  max_obs_words 150 is far above the longest observation played")]:
+        assert A.check_env_command(broken(re.sub(r"\W", "_", said[:12]), lib, **changes), 20) is not failed
+        assert re.search(said, capsys.readouterr().out)
+
+
 def test_new_env_writes_a_real_worked_episode_and_refuses_a_bad_name(own_env):
     library = A.import_env_module("library", "library:LibraryEnv")  # from the working directory
     test_docstring_worked_episodes_are_real_transcripts("library:LibraryEnv", 2, library.__doc__)
-    for name, named in [("Quote", "lowercase"), ("my-env", "a module name"), ("library", "exists")]:
+    for name, named in [("Quote", "lowercase"), ("my-env", "a module name"), ("library", "exists"),
+                        ("envs", "a module named envs is already importable"), ("numpy", "already importable")]:
         with pytest.raises(ValueError, match=named):
             A.new_env(name)
     assert "class MyQuoteEnv(TextToolEnv)" in A.new_env("my_quote").read_text()
@@ -1995,6 +2032,11 @@ def test_a_resumed_run_continues_in_the_directory_given_and_takes_no_other_flag(
                        for line in open(tmp_path / d / "metrics.jsonl")]
     assert strip("moved") == strip("straight"), "the dpo reference after a resume is still the warm start"
     assert resumed["candidate"] == straight["candidate"]
+    capsys.readouterr()
+    interrupted_run(monkeypatch, 1, tiny_config(run_dir=str(tmp_path / "early")))   # before any iteration ended
+    assert "interrupted after 0 iterations; none ended, so there is nothing to resume" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no state.pt there: a run writes it when its first iteration ends"):
+        A.main(["train", "--resume", str(tmp_path / "early")])
 
 
 def test_checkpoints_load_without_running_code_and_refuse_foreign_ones(tmp_path):
