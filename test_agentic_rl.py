@@ -1765,7 +1765,7 @@ def test_an_environment_in_its_own_file_checks_trains_evaluates_shows_and_resume
     capsys.readouterr()
     A.main(["eval", "--ckpt", "runs/lib/final.pt", "--eval-episodes", "4", "--pass-k-tasks", "1"])
     assert json.loads(capsys.readouterr().out)["categories"].keys() <= {"first_good", "first_damaged"}
-    A.main(["show", "--ckpt", "runs/lib/final.pt", "--n", "1"])
+    A.main(["show", "--ckpt", "runs/lib/final.pt", "--n", "1", "--failures"])
     assert "=== test task" in capsys.readouterr().out
     A.play("library:LibraryEnv", stream=iter(["find dune"]))
     assert "library:LibraryEnv task" in capsys.readouterr().out
@@ -2208,7 +2208,7 @@ def test_show_refuses_a_critics_advantages_from_a_value_head_never_trained_and_j
         with pytest.raises(ValueError, match=f"{algo}, policy_version {version}\\) never trained it"):
             A.show(str(tmp_path / "p.pt"), n=1, credit=credit)
     A.save_checkpoint(tmp_path / "p.pt", policy, TOK, replace_cfg(cfg, algo="gae"), 2)   # after RL: its own critic
-    A.show(str(tmp_path / "p.pt"), n=1, credit="gae")
+    A.show(str(tmp_path / "p.pt"), n=1, credit="gae", failures=True)
     assert "advantage" in capsys.readouterr().out
     seen, real = [], A.rollout          # show's and report.html's groups are judged as evaluate judges, with no cut
     monkeypatch.setattr(A, "rollout", lambda policy, tok, cfg, *a, **k: seen.append(cfg.time_limit) or
