@@ -2316,7 +2316,7 @@ def report_card_rows(columns: dict) -> list:
 
 # ################################################################################################
 # PART III · THE TOOLS
-# The commands around the loop: examples, show, play, compare, bench, the pictures (report.html ...), the CLI.
+# The commands around the loop: examples, show, play, check-env, new-env, compare, bench, the pictures, the CLI.
 # ################################################################################################
 def worked_examples() -> dict:
     """The chapter's three hand calculations, and one episode to follow, computed by the functions training uses."""
