@@ -79,8 +79,8 @@ import envs
 #
 # The episode to follow: flight task 511821 (the cheapest morning flight, F4, is sold out), episode 0 of the
 # group that 03's step credit is worked on; `python agentic_rl.py examples` computes it. Every definition below can
-# be checked against it: its Turn records, the ids play_episode samples, the gate's verdicts, pack's mask, the
-# advantage group_credit gives it, the PPO loss of its tokens.
+# be checked against it: its Turn records, the action ids a policy would sample and store, the gate's verdicts,
+# pack's mask, the advantage group_credit gives it, the PPO loss of its tokens.
 #     obs  user : book the cheapest morning flight from PAR to ATH for chen in business 8 left
 #     act  search PAR ATH         ids [34, 54, 59, 3]     gate ok  reward 0
 #     obs  found F9 06h 430 F4 08h 110 F1 09h 390 F2 16h 380 F8 18h 350 7 left
@@ -1456,17 +1456,12 @@ def check_contract(cfg: Config, episodes: int) -> tuple:
     well-formed calls (which meet the gate's rules) -> (failures {rule: [at most 3 sentences]}, facts: per habit, the
     demonstrator's train episodes, successes, cuts, denials and costs; task ids where the evaluator and the reward
     disagree; the longest observation and episode). train() runs it with a few episodes before it builds anything;
-    check-env with many."""
-    cfg, found = replace(cfg, time_limit=0, tool_latency_ms=0.0), {}
+    check-env with many; both after the class itself passed class_failures (validate_config)."""
+    cfg, found, cls = replace(cfg, time_limit=0, tool_latency_ms=0.0), {}, env_class(cfg.env)
 
     def fail(rule, text):
         if len(found.setdefault(rule, [])) < 3 and f"{cfg.env}: {text}" not in found[rule]:
             found[rule].append(f"{cfg.env}: {text}")
-    cls = env_class(cfg.env)
-    for rule, text in class_failures(cls):
-        fail(rule, text)
-    if found:
-        return found, {}
     tok, facts = make_tokenizer(cfg.env), {"demonstrator": {}, "disagree": [], "longest": (0, ""), "tokens": 0}
     raw = make_env(cfg).unwrapped
     splits = [raw.split_of(raw.make_task(int(t))) for t in np.random.default_rng(0).integers(0, 10**6, 50 * episodes)]

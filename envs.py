@@ -174,7 +174,7 @@ class TextToolEnv(gym.Env):
         if not isinstance(max_turns, (int, np.integer)) or isinstance(max_turns, bool) or \
                 not 2 <= max_turns <= MAX_TURNS:
             raise ValueError(f"max_turns={max_turns!r}: must be an int in [2, {MAX_TURNS}] (check_env forbids "
-                             "truncation after 1 step)")
+                             f"truncation after 1 step; the clock's words say at most {MAX_TURNS} left)")
         if not isinstance(tool_latency_ms, (int, float)) or not 0 <= tool_latency_ms < 60_000:
             raise ValueError(f"tool_latency_ms={tool_latency_ms!r}: must be a number in [0, 60000)")
         self.max_turns, self.render_mode, self.tool_latency_ms = int(max_turns), render_mode, tool_latency_ms
