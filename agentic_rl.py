@@ -1,4 +1,4 @@
-"""agentic-rl: Agentic Reinforcement Learning in one file, whose first part, the loop, reads on its own.
+"""agentic-rl: Agentic Reinforcement Learning in one file, whose first part, the loop, is the lesson.
 
 00 · Scope
 ----------
@@ -14,15 +14,16 @@ Agentic RL here means online multi-turn interaction: the policy's actions change
 with new observations (rs_sft and dpo run online too, on the same tasks, to be compared). Left out on purpose:
 pretrained language models (one word = one token) and learned reward models (the verifiers are rules).
 
-The file is a reader's path in three parts:
+The file is a reader's path in two parts and the command line:
     Part I   · the loop     01 contracts and one episode, 02 masks, 03 credit, 04 objectives, 05 store and learner,
-                            07 evaluation and release gates, then train() (06, paper cases, is in the README); after
-                            it, the other routes (rs_sft, dpo) and the per-call view: readable on its own
-    Part II  · the system   checks, environments by id or MODULE:CLASS and their contract checked, the batched
-                            rollout, devices, torchrun and the async actor, the transformer, checkpoints, run
-                            directories, resume, monitors
-    Part III · the tools    examples, show, play, check-env, new-env, compare, bench, pictures (report.html), the CLI
-                            (the course: course/)
+                            07 evaluation and release gates, then train() (06, paper cases, is in the README)
+    Part II  · the system   the other routes (rs_sft, dpo) and the per-call view, checks, the batched rollout,
+                            devices, torchrun and the async actor, the transformer, checkpoints, run directories,
+                            resume, monitors
+    the command line        demo, train, eval; each tool's command imports its module when it runs
+Beside it: envs.py (the environments and their contract), envload.py (which environment --env names, built as
+configured), library.py (the smallest complete environment), tools/ (examples, show, play, check-env, new-env,
+compare, bench, the pages: report.html) and course/ (the course's machinery).
 
 "The chapter" is the course chapter on agentic RL that this file follows section by section; E1..E11 are the
 README's exercises; `# BEGIN SOLUTION` .. `# END SOLUTION` mark what a student's handout leaves blank to write.
@@ -37,9 +38,6 @@ import contextlib
 import copy
 import functools
 import hashlib
-import html
-import importlib
-import importlib.util
 import inspect
 import json
 import math
@@ -51,14 +49,11 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
-import warnings
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
@@ -66,21 +61,30 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import envs
+from envload import ENV_FLAGS, class_failures, env_class, env_keywords, env_settings, make_env  # envload.py: the
+# TextToolEnv class an --env names (env_class), its class checked, and make_env(cfg): an instance as configured
 
 
 # ################################################################################################
 # PART I · THE LOOP
 # Read this part first: one training iteration and its verdict, in the chapter's order (01 to 07), then train().
 # The line above each definition says `# first reading` (the default run's path, grpo: follow the episode below
-# from reset to the promotion verdict) or `# second reading` (the other credits and routes, the store's refusals,
-# the details a first reading skims): skip by eye. An estimate, for a graduate student who knows PPO: about
-# 2 h 20 for the first reading, 4 h 50 for all of Part I; the time goes to 03's credits, 05's learner and store,
-# and 01's contract.
+# from reset to the promotion verdict) or `# second reading` (the other credits, the store's refusals, the details
+# a first reading skims): skip by eye, and inside a first-reading function skip a line marked `second reading`.
+# An estimate for a person, not a measurement: a graduate student who knows PPO takes about 2 h 30 to 3 h for the
+# first reading and 4 h 30 to 5 h 30 for all of Part I; the time goes to 03's credits, 05's learner and store, and
+# 01's contract. Outside Part I, a first reading needs these few (each is also said in a line where it is used):
+#   envs.py line 520     FlightBookingEnv.permission_rule: the flight task's safety rules, which the host gate asks
+#   envs.py line 444     FlightDemonstrator.act: the teacher the warm start imitates, its bad habit included
+#   envload.py           env_class(cfg.env): the TextToolEnv class --env names; make_env(cfg): an instance of it
+#   Part II              rollout: play_episode for B tasks at once (collect and evaluate call it); Run: train's state
 #
 # The episode to follow: flight task 511821 (the cheapest morning flight, F4, is sold out), episode 0 of the
-# group that 03's step credit is worked on; `python agentic_rl.py examples` computes it. Every definition below can
-# be checked against it: its Turn records, the action ids a policy would sample and store, the gate's verdicts,
-# pack's mask, the advantage group_credit gives it, the PPO loss of its tokens.
+# group that 03's step credit is worked on; `python agentic_rl.py examples` computes it (tools/examples.py). It is a
+# scripted plan played through the host gate with injected notes off (the default run puts a note in 20 % of the
+# searches, and envs.py's docstring shows this task with its note): its action ids are what a policy would sample
+# and store, its old log-probs placeholders (0.0). Every definition below can be checked against it: its Turn
+# records, the gate's verdicts, pack's mask, the advantage group_credit gives it, its group's PPO loss at ratio 1.
 #     obs  user : book the cheapest morning flight from PAR to ATH for chen in business 8 left
 #     act  search PAR ATH         ids [34, 54, 59, 3]     gate ok  reward 0
 #     obs  found F9 06h 430 F4 08h 110 F1 09h 390 F2 16h 380 F8 18h 350 7 left
@@ -94,6 +98,7 @@ import envs
 #     obs  booked F1 chen business 3 left
 #     terminated after 5 turns, reward 1; pack: 18 of its 100 tokens are the policy's (action_mask 1)
 #     its group's rewards [1, 0, 0, 1] give it grpo's advantage +1.00 on every turn
+#     the group's PPO loss at ratio 1: -(+1.00x18 -1.00x12 -1.00x15 +1.00x18) / 63 tokens = -0.143
 # ################################################################################################
 # first reading (skim: each field is met where it acts)
 @dataclass
@@ -228,7 +233,7 @@ class Turn:
 # The cuts that truncate an episode, who makes each, and whether a value target bootstraps V(s_K) after it:
 #   turn_budget   the environment, once the task's own budget is spent (a denial spends a turn)  no: part of the task
 #   token_budget  the host (host_turn), before the next turn would overflow block_size          yes: from outside
-#   time_limit    gymnasium's TimeLimit (make_env, Part II), after N executed calls             yes: from outside
+#   time_limit    gymnasium's TimeLimit (make_env, envload.py), after N executed calls             yes: from outside
 CUTS = ("turn_budget", "token_budget", "time_limit")
 OUTSIDE_CUTS = ("token_budget", "time_limit")         # cuts from outside the task: the task did not end there
 
@@ -344,7 +349,7 @@ def host_step(env, gate: HostGate, action_text: str):
         # turn_budget cut), answered `denied : <rule> N left`
         obs, reward, terminated, truncated, info = raw.refuse(decision.reason, invalid=decision.reason in HOST_RULES)
     truncated = truncated and not terminated  # a TimeLimit may set both on the last step: the end state wins
-    # time_limit: TimeLimit (make_env, Part II) counts executed calls, never a denial; on the budget's step: turn_budget.
+    # time_limit: TimeLimit (make_env, envload.py) counts executed calls, never a denial; on the budget's step: turn_budget.
     # raw.state.turns counts the calls so far, denials included; raw.max_turns is the task's budget (envs.TextToolEnv)
     info["truncated_by"] = "" if not truncated else "turn_budget" if raw.state.turns >= raw.max_turns else "time_limit"
     return obs, reward, terminated, truncated, info, decision
@@ -353,7 +358,7 @@ def host_step(env, gate: HostGate, action_text: str):
 # first reading
 def start_episode(cfg: Config, seed: int, split: str, episode_id: str, policy_version: int, group_id: int,
                   task_id=None) -> tuple:
-    """env.reset -> (env, its HostGate, an empty Episode record, the first observation). make_env (Part II) builds
+    """env.reset -> (env, its HostGate, an empty Episode record, the first observation). make_env (envload.py) builds
     the configured gymnasium env; the seed picks the task from the split (or task_id names it)."""
     env = make_env(cfg)
     options = {"split": split} if task_id is None else {"split": split, "task_id": int(task_id)}
@@ -401,7 +406,7 @@ def host_turn(env, gate, tok: Tokenizer, cfg: Config, ep: Episode, seen: tuple, 
     obs_ids = tok.encode_observation(obs)
     # max_obs_words: the environment's longest observation, in words (envs.TextToolEnv declares it; check-env checks it)
     room = cfg.max_action_tokens + env.unwrapped.max_obs_words + 2             # the next action and its answer
-    if not (terminated or truncated) and tokens_so_far + len(obs_ids) + room > cfg.block_size:
+    if not (terminated or truncated) and tokens_so_far + len(obs_ids) + room > cfg.block_size:  # second reading:
         truncated, info["truncated_by"] = True, "token_budget"  # the host's context window: a cut from outside
         # the task, made while the whole final observation still fits (V(s_K) is read at its <act>)
     ep.turns.append(new_turn(*seen, action, logprobs, text, ep.policy_version, reward, terminated, truncated, info,
@@ -473,7 +478,7 @@ def token_logprobs(logits, tokens):
 # ================================================================================================
 # 03 · Credit assignment
 # ================================================================================================
-# second reading
+# first reading (03's first worked example: gamma 0.9 -> [0.729, 0.81, 0.9, 1])
 def discounted_returns(rewards, gamma) -> torch.Tensor:
     """G_k = r_k + gamma * G_{k+1}, G_K = 0. Reward 1 at turn 4, gamma 0.9 -> [0.729, 0.81, 0.9, 1].
     A time preference, not proof that the last step mattered most."""
@@ -637,10 +642,10 @@ def advantages_for(batch, episodes, policy, cfg: Config):
     """The chosen credit: per-turn advantages (B, K), value targets (B, K) or None, and its monitors."""
     if cfg.algo in ("grpo", "stepgroup"):
         adv, n_zero = group_credit(episodes, cfg)
-        if cfg.algo == "stepgroup":
+        if cfg.algo == "stepgroup":                              # second reading: step-level groups
             adv = adv + step_credit(episodes, cfg)
         return adv, None, {"zero_std_groups": n_zero, "explained_variance": None}
-    adv, returns, explained = critic_credit(batch, episodes, policy, cfg)
+    adv, returns, explained = critic_credit(batch, episodes, policy, cfg)   # second reading: gae, reinforce
     return adv, returns, {"zero_std_groups": None, "explained_variance": explained}
 
 
@@ -707,7 +712,7 @@ def sft_loss(logprobs, mask) -> torch.Tensor:
 
 
 # ================================================================================================
-# 05 · Training system: the trajectory store, the warm start, the learner, the rollout of a batch
+# 05 · Training system: the trajectory store, the warm start, the learner, collect (a batch's episodes)
 # ================================================================================================
 REQUIRED_FIELDS = ("episode_id", "task_id", "env_id", "env_version", "reward_version", "seed", "split", "policy_version")
 
@@ -862,13 +867,13 @@ def ppo_step_loss(policy, ref_policy, rows, token_adv, returns, cfg: Config):
         logits, values = policy(tokens)
         logprobs, entropy = token_logprobs(logits, tokens)
         loss, s = ppo_clip_loss(logprobs, old_logprobs, adv, mask, cfg.clip_eps)
-        if returns is not None:  # critic: regress V(s_k) at each decision point onto the return
+        if returns is not None:  # second reading (critic): regress V(s_k) at each decision point onto the return
             v = values.gather(1, rows["decision_pos"][sel])                  # (rows, K)
             turn_mask = rows["turn_mask"][sel]
             v_loss = ((v - returns[sel]) ** 2 * turn_mask).sum() / turn_mask.sum()
             loss = loss + cfg.vf_coef * v_loss
             s["value_loss"] = float(v_loss.detach())
-        if ref_policy is not None and cfg.kl_coef > 0:
+        if ref_policy is not None and cfg.kl_coef > 0:                  # second reading: --kl-coef
             with torch.no_grad():
                 ref_logprobs, _ = token_logprobs(ref_policy(tokens)[0], tokens)
             kl = (kl_k3(logprobs, ref_logprobs) * mask).sum() / mask.sum()
@@ -885,7 +890,7 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
     """Store -> pack -> credit -> PPO, as policy `version`: the store admits the episodes (or refuses them), pack
     lays them out as token rows with the action mask, the credit gives each turn its advantage, and the clipped
     surrogate is optimised over several epochs. Returns the iteration's monitors (GradMonitor, Part II: the spike
-    rule that may skip an update). rs_sft and dpo take other_route instead, after train()."""
+    rule that may skip an update). rs_sft and dpo take other_route instead (Part II)."""
     t0, stale_before, skipped_before = time.time(), store.refused_stale, grads.skipped
     store.add_all(episodes, current_version=version)
     admitted = store.take()
@@ -902,16 +907,16 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
         adv, returns, credit = advantages_for(batch, admitted, policy, cfg)           # (B, K) each
         denied = denied_turns(admitted, adv.shape[1])
         route.update(credit, denied_positive_advantage=int((adv[denied] > 0).sum()))  # before the cap: what it changes
-        if cfg.deny_credit == "nonpositive":  # the gate's verdict caps the credit of the turn it refused
+        if cfg.deny_credit == "nonpositive":  # second reading: the gate's verdict caps the refused turn's credit
             adv = torch.where(denied, adv.clamp(max=0.0), adv)
         rows = batch if cfg.trajectory_view == "concat" else \
-            {k: v.to(device) for k, v in pack_per_call(admitted, tok, cfg.block_size).items()}  # after train()
+            {k: v.to(device) for k, v in pack_per_call(admitted, tok, cfg.block_size).items()}  # second: Part II
         token_adv = broadcast_to_tokens(adv.to(device)[rows["episode"]], rows["turn_id"])   # each row its turns' A
         stats = optimizer_steps(policy, optimizer, grads, cfg, len(admitted),
                                 ppo_step_loss(policy, ref_policy, rows, token_adv,
                                               None if returns is None else returns[rows["episode"]], cfg))
     else:
-        stats = other_route(policy, optimizer, ref_policy, tok, cfg, grads, admitted, route)  # rs_sft, dpo
+        stats = other_route(policy, optimizer, ref_policy, tok, cfg, grads, admitted, route)  # second: rs_sft, dpo
     route.update((k, v) for k, v in stats.items() if k in route)  # clip_frac, approx_kl, kl_ref or dpo_loss
     return {**batch_monitors(admitted, cfg), "entropy": stats.get("entropy"), **route,
             "staleness_mean": float(np.mean(ages)), "staleness_max": max(ages),
@@ -1089,10 +1094,11 @@ def train(cfg: Config, progress: bool = True) -> dict:
     return finish_run(run, candidate, promoted, reason, gates)  # final.pt, the printed card, summary, report.html
 
 
-# ================================================================================================
-# Other routes and views: rs_sft, trajectory DPO, and the per-call view (read after the loop)
-# ================================================================================================
-# second reading
+# ################################################################################################
+# PART II · THE SYSTEM
+# What train() leans on (§05 and §07 in practice), and a first reading can skip; its sections are named below.
+# ################################################################################################
+# --- Other routes and views: rs_sft, trajectory DPO (04's sft_loss and dpo_loss in use), the per-call view -------
 def other_route(policy, optimizer, ref_policy, tok, cfg: Config, grads: GradMonitor, admitted: list,
                 route: dict) -> dict:
     """The chapter's two routes without an advantage, on the same tasks and batches as PPO. rs_sft (rejection
@@ -1123,7 +1129,6 @@ def other_route(policy, optimizer, ref_policy, tok, cfg: Config, grads: GradMoni
     return stats
 
 
-# second reading
 def dpo_pairs(episodes) -> tuple:
     """Online trajectory pairs: within each task group, successful episodes (chosen) matched with failed
     ones (rejected) of the same task. Groups with no success or no failure give none; they are counted."""
@@ -1136,14 +1141,12 @@ def dpo_pairs(episodes) -> tuple:
     return chosen, rejected, without
 
 
-# second reading
 def sequence_logprobs(policy, batch, idx) -> torch.Tensor:
     """log pi(episode's actions) = the sum of its action-token log-probs (the mask picks them), (b,)."""
     tokens, mask = trim(batch["tokens"][idx], batch["action_mask"][idx])
     return (token_logprobs(policy(tokens)[0], tokens)[0] * mask).sum(-1)
 
 
-# second reading
 def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
     """The other view (Agent Lightning, verl-agent, rLLM): a row per model call, holding all up to it, with only the
     call's own action tokens in its mask (and turn_id, turn_mask); episode (R,) = whose row. With causal attention the
@@ -1162,10 +1165,6 @@ def pack_per_call(episodes, tok: Tokenizer, block_size: int) -> dict:
     return out
 
 
-# ################################################################################################
-# PART II · THE SYSTEM
-# What train() leans on (§05 and §07 in practice), and a first reading can skip; its sections are named below.
-# ################################################################################################
 # --- Checks on settings, inputs and records -----------------------------------------------------
 CHOICES = {"algo": PPO_CREDITS + ("rs_sft", "dpo"), "adv_std": ("population", "unbiased", "none"),
            "device": ("auto", "cpu", "cuda", "mps"), "code_verifier": ("state", "visible_tests"),
@@ -1206,7 +1205,7 @@ def validate_config(cfg: Config) -> Config:
     if cfg.max_action_tokens > cfg.block_size // 4:
         raise ValueError(f"max_action_tokens={cfg.max_action_tokens}: at most block_size / 4 = {cfg.block_size // 4}, "
                          "so observations still fit; raise --block-size")
-    broken = class_failures(env_class(cfg.env))  # what the environment's class itself must hold (below)
+    broken = class_failures(env_class(cfg.env), HOST_RULES)  # what the environment's class itself must hold
     if broken:
         raise ValueError(f"env={cfg.env!r}: " + "; ".join(text for _, text in broken))
     for name in env_settings(cfg):  # a setting its environment's constructor does not take: it would do nothing
@@ -1291,354 +1290,6 @@ def malformed(ep, vocab_size: int):
         if not 0 <= t.reward <= 1 or t.cost < 0:
             raise ValueError(f"episode {name} ({ep.env_id}) turn {k}: reward {t.reward!r}, cost {t.cost!r}; a reward "
                              "must be in [0, 1] and a cost >= 0 (the environment's reward() and tool_cost)")
-
-
-# --- Environments: any TextToolEnv, by gymnasium id or MODULE:CLASS, as configured ----------------
-ENV_FLAGS = {"injection_rate": "injection_rate", "legs": "legs", "code_verifier": "verifier", "code_bugs": "max_bugs"}
-# Config fields that set a keyword of an environment's constructor (field -> keyword), passed when not the default
-
-
-@functools.cache
-def resolve_env(env: str) -> tuple:
-    """--env -> (gymnasium EnvSpec, the TextToolEnv subclass it makes). env is a registered gymnasium id (the bundled
-    AgenticRL/..., or one your module registers: MODULE:ID imports MODULE first, as gymnasium.make does) or
-    MODULE:CLASS, a class in a module importable from the working directory. Anything else: one sentence."""
-    module, _, name = env.rpartition(":")
-    if module and (module.endswith(".py") or not all(part.isidentifier() for part in module.split("."))):
-        raise ValueError(f"env={env!r}: {module!r} is not a module's name; write it as `import` takes it (no folder, "
-                         f"no .py: {Path(module).stem.strip()}:{name.strip()}), from the folder that holds it")
-    if module:
-        found = getattr(import_env_module(module, env), name, None)
-        if found is not None:
-            cls = text_tool_class(found, env)
-            return gym.envs.registration.EnvSpec(id=env, entry_point=cls), cls
-    if (name or env) in gym.registry:
-        spec = gym.spec(name or env)
-        entry = spec.entry_point
-        found = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
-        return spec, text_tool_class(found, env)
-    if module:
-        theirs = [k for k, v in vars(sys.modules[module]).items() if isinstance(v, type) and
-                  issubclass(v, envs.TextToolEnv) and v.__module__ == module]
-        raise ValueError(f"env={env!r}: module {module} has no class or registered id {name!r}; its TextToolEnv "
-                         f"classes: {', '.join(theirs) or 'none'}")
-    mine = sorted(k for k, v in gym.registry.items() if isinstance(v.entry_point, type) and
-                  issubclass(v.entry_point, envs.TextToolEnv))
-    head, dot, tail = env.rpartition(".")
-    hint = f"; for class {tail} of module {head}, write {head}:{tail}" if dot and tail.isidentifier() else \
-        f"; for a class of module {env}, write {env}:CLASS" if env.isidentifier() else ""
-    raise ValueError(f"env={env!r}: no gymnasium id of that name{hint}; use a registered one ({', '.join(mine)}) or "
-                     "MODULE:CLASS (your own: python agentic_rl.py new-env NAME writes one)")
-
-
-def import_env_module(module: str, env: str):
-    """Import the module an --env names, from the working directory too (a script's own folder is what Python adds)."""
-    for attempt in range(2):
-        try:
-            return importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if not module.startswith(str(e.name)):  # the module itself was found: something it imports was not
-                raise ValueError(f"env={env!r}: importing {module} failed: it imports {e.name}, which is not "
-                                 "installed here") from None
-            if attempt or os.getcwd() in sys.path:
-                raise ValueError(f"env={env!r}: no module named {e.name!r} (working directory {os.getcwd()}): "
-                                 f"run from the folder that holds {module.replace('.', '/')}.py, or add that "
-                                 "folder to PYTHONPATH") from None
-            sys.path.append(os.getcwd())
-        except Exception as e:  # the module's own error: say where it was raised
-            raise ValueError(f"env={env!r}: importing {module} failed: {raised(e)}") from e
-
-
-def text_tool_class(found, env: str):
-    """The class an --env names, if it is a TextToolEnv: what the learner relies on is that contract."""
-    if isinstance(found, type) and issubclass(found, envs.TextToolEnv):
-        return found
-    what = "a gymnasium.Env but not an envs.TextToolEnv" if isinstance(found, type) and issubclass(found, gym.Env) \
-        else f"not an environment class ({type(found).__name__})"
-    label = found.__name__ if isinstance(found, type) else env.rpartition(":")[2]
-    raise ValueError(f"env={env!r}: {label} is {what}: subclass envs.TextToolEnv, whose "
-                     "docstring is the contract the learner relies on (python agentic_rl.py new-env NAME writes one)")
-
-
-def env_class(env: str):
-    """The environment class behind --env; it carries words, tool schema, demonstrator, evaluator (envs.TextToolEnv)."""
-    return resolve_env(env)[1]
-
-
-def env_keywords(cls) -> set:
-    """The keywords an environment's constructor takes (all of ENV_FLAGS' if it takes **kwargs)."""
-    params = inspect.signature(cls.__init__).parameters.values()
-    return set(ENV_FLAGS) if any(p.kind == p.VAR_KEYWORD for p in params) else \
-        {f for f, kw in ENV_FLAGS.items() if kw in {p.name for p in params}}
-
-
-def env_settings(cfg: Config) -> list:
-    """The ENV_FLAGS fields set away from their default: what make_env passes to the environment's constructor."""
-    return [name for name in ENV_FLAGS if getattr(cfg, name) != getattr(Config, name)]
-
-
-def make_env(cfg: Config):
-    """The task as configured; a time_limit wraps it in gymnasium's TimeLimit: a cut from outside the task (CUTS)."""
-    kwargs = {ENV_FLAGS[name]: getattr(cfg, name) for name in env_settings(cfg)}
-    kwargs.update({"max_turns": cfg.max_turns} if cfg.max_turns else {})
-    kwargs.update({"tool_latency_ms": cfg.tool_latency_ms} if cfg.tool_latency_ms else {})
-    kwargs.update({"show_clock": False} if cfg.hide_clock else {})
-    # gymnasium's passive checker would re-check every fresh env; check-env runs its full check_env instead
-    try:
-        env = gym.make(resolve_env(cfg.env)[0], disable_env_checker=True, **kwargs)
-    except TypeError as e:
-        raise ValueError(f"env={cfg.env!r}: its constructor refused {sorted(kwargs)} ({e}); a subclass's __init__ "
-                         "takes TextToolEnv's keywords (max_turns, render_mode, tool_latency_ms, show_clock)") from None
-    return gym.wrappers.TimeLimit(env, cfg.time_limit) if cfg.time_limit else env
-
-
-# --- The environment contract, checked: the class before anything runs, then by playing -----------
-def class_failures(cls) -> list:
-    """What TextToolEnv's docstring asks of the class itself -> [(rule, sentence naming the value and the fix)]."""
-    out, name = [], cls.__name__
-    for attr in ("env_version", "reward_version"):
-        if not isinstance(getattr(cls, attr), str) or not getattr(cls, attr):
-            out.append(("class", f"{name}.{attr} = {getattr(cls, attr)!r}: set a non-empty string (runs record it)"))
-    schema, allowed = cls.tool_schema, cls.argument_words
-    if not isinstance(schema, dict) or not schema or not isinstance(allowed, dict):
-        return out + [("class", f"{name}.tool_schema = {schema!r}: map each tool to its argument kinds, and "
-                                "argument_words each kind to its words ({'find': ('book',)}, {'book': ('dune',)})")]
-    for tool, kinds in schema.items():
-        if not callable(getattr(cls, f"_tool_{tool}", None)):
-            out.append(("class", f"tool {tool!r} has no method _tool_{tool}(*args) -> (observation, terminated)"))
-        out += [("class", f"tool {tool!r} takes a {kind!r}, which argument_words does not list") for kind in kinds
-                if kind not in allowed]
-    out += [("class", f"{name} does not write {method}(): TextToolEnv's docstring says what it returns")
-            for method in ("make_task", "split_of", "new_state", "prompt", "host_view", "reward")
-            if getattr(cls, method) is getattr(envs.TextToolEnv, method)]
-    vocabulary = set(cls.words) if isinstance(cls.words, (tuple, list)) else set()
-    spaced = [w for w in vocabulary if not isinstance(w, str) or w.split() != [w]]
-    if spaced or not vocabulary:
-        out.append(("vocabulary", f"{name}.words must be a tuple of single words (one word = one token); "
-                                  f"{spaced[:3] or 'it is empty'}"))
-    out += [("vocabulary", f"the call word {w!r} is not in {name}.words: add it (a policy cannot say a word it lacks)")
-            for w in dict.fromkeys([*schema, *(w for ws in allowed.values() for w in ws)]) if w not in vocabulary]
-    for attr, low, high in (("max_obs_words", 1, 200), ("warm_start_epochs", 1, 1000), ("max_turns", 2, envs.MAX_TURNS)):
-        if type(getattr(cls, attr)) is not int or not low <= getattr(cls, attr) <= high:  # 200: 400 characters' words
-            out.append(("class", f"{name}.{attr} = {getattr(cls, attr)!r}: set an int in [{low}, {high}]"))
-    rules = cls.safety_rules
-    if not isinstance(rules, tuple) or not all(isinstance(r, str) and r.isidentifier() for r in rules) or \
-            set(rules) & set(HOST_RULES):
-        out.append(("class", f"{name}.safety_rules = {rules!r}: a tuple of one-word rule names, none of the host's "
-                             f"own {HOST_RULES}"))
-    if not (isinstance(cls.Demonstrator, type) and callable(getattr(cls.Demonstrator, "act", None))):
-        out.append(("class", f"{name}.Demonstrator = {cls.Demonstrator!r}: set a class Demonstrator(habit, seed) with "
-                             "reset(first_observation) and act(observation) -> action text: the warm start imitates it"))
-    if not callable(cls.evaluate_episode):
-        out.append(("class", f"{name}.evaluate_episode = {cls.evaluate_episode!r}: set staticmethod(env) -> "
-                             "envs.Verdict, the independent evaluator that reads the final state"))
-    return out
-
-
-CONTRACT = {  # rule -> what holds when check-env passes it
-    "class": "the class attributes and methods TextToolEnv's docstring lists",
-    "vocabulary": "every word of every observation and call is in words",
-    "clock": "every observation is in the observation space, ends with the turns left and fits max_obs_words",
-    "rewards": "rewards in [0, 1], paid only on the step that ends the episode",
-    "steps": "reset and step answer every call (a malformed one with 'error : ...') and never raise",
-    "endings": "terminated at an end state, truncated exactly when the budget runs out without one",
-    "rules": "every rule permission_rule returned is declared in safety_rules",
-    "evaluator": "evaluate_episode returns a Verdict and never calls reward()",
-    "tasks": "the same task_id gives the same task, and the same seed the same episode",
-    "splits": "every task is train or holdout, and neither split is empty",
-    "records": "the demonstrator's calls are well formed and every episode makes a record the store admits",
-    "demonstrator": "the demonstrator solves nearly every task without its habit, and fewer with it",
-}
-
-
-def check_contract(cfg: Config, episodes: int) -> tuple:
-    """Play `episodes` episodes per split with each actor, the demonstrator without and with its habit and random
-    well-formed calls (which meet the gate's rules) -> (failures {rule: [at most 3 sentences]}, facts: per habit, the
-    demonstrator's train episodes, successes, cuts, denials and costs; task ids where the evaluator and the reward
-    disagree; the longest observation and episode). train() runs it with a few episodes before it builds anything;
-    check-env with many; both after the class itself passed class_failures (validate_config)."""
-    cfg, found, cls = replace(cfg, time_limit=0, tool_latency_ms=0.0), {}, env_class(cfg.env)
-
-    def fail(rule, text):
-        if len(found.setdefault(rule, [])) < 3 and f"{cfg.env}: {text}" not in found[rule]:
-            found[rule].append(f"{cfg.env}: {text}")
-    tok, facts = make_tokenizer(cfg.env), {"demonstrator": {}, "disagree": [], "longest": (0, ""), "tokens": 0}
-    raw = make_env(cfg).unwrapped
-    splits = [raw.split_of(raw.make_task(int(t))) for t in np.random.default_rng(0).integers(0, 10**6, 50 * episodes)]
-    if set(splits) != {"train", "holdout"}:
-        fail("splits", f"split_of gave {dict(Counter(splits))} on {len(splits)} task ids: it must say 'train' or "
-                       "'holdout', and both (report cards judge holdout tasks alone)")
-        return found, facts
-    random_calls = np.random.default_rng(0)
-
-    def random_call(_obs):
-        tool = list(cls.tool_schema)[random_calls.integers(len(cls.tool_schema))]
-        return " ".join([tool] + [str(random_calls.choice(cls.argument_words[k])) for k in cls.tool_schema[tool]])
-    for split in ("train", "holdout"):
-        for habit in (0.0, 1.0, None):  # None: random calls
-            played = []
-            for i in range(episodes):
-                demo = None if habit is None else cls.Demonstrator(habit, seed=i)
-                played.append(probe_episode(cfg, tok, i, split, demo, random_call, fail, facts))
-                if played[-1] is not None and demo is not None and i < 2:  # the same seed, the same episode;
-                    replay_episode(cfg, tok, i, split, played[-1], fail)    # the same task_id, the same task
-            if habit is not None and split == "train":
-                facts["demonstrator"][habit] = demonstrator_facts([ep for ep in played if ep is not None])
-    words, longest = facts["longest"]
-    if words > cls.max_obs_words:
-        fail("clock", f"the longest observation has {words} words ({longest!r}), above max_obs_words="
-                      f"{cls.max_obs_words}: set max_obs_words = {words} or more (the host keeps that much room)")
-    if facts["disagree"] and "evaluator" not in found:
-        fail("evaluator", f"the evaluator and the reward disagree on {len(facts['disagree'])} of the demonstrator's "
-                          f"episodes (task ids {facts['disagree'][:5]}): one of them misjudges the final state")
-    best = facts["demonstrator"].get(0.0)
-    if best and not best["wins"]:
-        fail("demonstrator", f"without its habit the demonstrator solves 0 of its {best['episodes']} train tasks "
-                             f"({best['episodes'] - best['truncated']} ended unsolved, {best['truncated']} ran out of "
-                             f"turns; the gate denied {best['denied']} of its calls): "
-                             "imitation cannot start from it; find what stops it (Demonstrator.act, the call that "
-                             "should end the episode, permission_rule)")
-    return found, facts
-
-
-def demonstrator_facts(played: list) -> dict:
-    """The demonstrator's train episodes of one habit: how many, solved, cut by the budget, denied calls, and the
-    cost of a solved task (tool calls, action tokens, credits per success), as the release gates count them."""
-    wins, turns = sum(ep.reward >= 1 for ep in played), [t for ep in played for t in ep.turns]
-    per_win = lambda total: total / wins if wins else None
-    return {"episodes": len(played), "wins": wins, "success": wins / max(1, len(played)),
-            "truncated": sum(ep.truncated for ep in played), "denied": sum(not t.gate_allowed for t in turns),
-            "tool_calls_per_success": per_win(sum(t.gate_allowed for t in turns)),
-            "tokens_per_success": per_win(sum(len(t.action_tokens) for t in turns)),
-            "credits_per_success": per_win(sum(t.cost for t in turns))}
-
-
-def probe_episode(cfg: Config, tok: Tokenizer, seed: int, split: str, demo, random_call, fail, facts):
-    """One episode through the host gate, each step checked against the contract -> its Episode, or None."""
-    try:
-        env, gate, ep, obs = start_episode(cfg, seed, split, f"check-{split}-{seed}", 0, 0)
-    except Exception as e:
-        return fail("steps", f"reset(seed={seed}, options={{'split': {split!r}}}) raised {raised(e)}")
-    raw, known = env.unwrapped, set(tok.itos)
-    for _ in range(raw.max_turns + 1):
-        check_observation(raw, obs, known, fail, facts)
-        try:
-            if demo is not None and not ep.turns:
-                demo.reset(obs)
-            text = random_call(obs) if demo is None else demo.act(obs)
-        except Exception as e:
-            return fail("records", f"the demonstrator raised {raised(e)} on the observation {obs!r}")
-        if demo is not None and envs.parse_action(text, raw.tool_schema, raw.argument_words) is None:
-            fail("records", f"the demonstrator's call {text!r} (after {obs!r}) is not a well-formed call of tool_schema")
-        try:
-            next_obs, reward, terminated, truncated, info, decision = host_step(env, gate, text)
-        except Exception as e:  # the gate's ValueError: a rule permission_rule returned that safety_rules lacks
-            return fail("rules", str(e)) if "safety_rules" in str(e) else fail("steps", f"the call {text!r} raised "
-                                                                              f"{raised(e)}: answer it, never raise")
-        if not isinstance(reward, float) or not 0 <= reward <= 1:
-            fail("rewards", f"reward {reward!r} after {text!r}: a reward is a float in [0, 1] (1: the task done)")
-        elif reward and not terminated:
-            fail("rewards", f"reward {reward} after {text!r} while the episode goes on: pay only on the step that "
-                            "ends it (an outcome, no shaping)")
-        if truncated != (not terminated and raw.state.turns >= raw.max_turns):
-            fail("endings", f"after {text!r} at turn {raw.state.turns} of {raw.max_turns}: terminated={terminated}, "
-                            f"truncated={truncated}; truncated exactly when the budget runs out without an end state")
-        action = tok.encode_action(text)
-        ep.turns.append(new_turn(obs, tok.encode_observation(obs), action, [-1.0] * len(action), text, 0, reward,
-                                 terminated, truncated, info, decision))
-        obs = next_obs
-        if terminated or truncated:
-            break
-    else:
-        return fail("endings", f"an episode went past its budget of {raw.max_turns} turns without ending")
-    check_observation(raw, obs, known, fail, facts)
-    ep.final_obs_tokens = tok.encode_observation(obs)
-    facts["tokens"] = max(facts["tokens"], sum(len(t.obs_tokens) + len(t.action_tokens) for t in ep.turns) +
-                          len(ep.final_obs_tokens))
-    check_verdict(env, ep, demo is not None, fail, facts)
-    try:
-        if split == "train" and all(0 <= t.reward <= 1 for t in ep.turns):  # the store takes training episodes only;
-            TrajectoryStore(0, len(tok)).add(ep, 0)                            # a bad reward is said once, above
-    except ValueError as e:
-        fail("records", f"the store refuses its episode: {e}")
-    return ep
-
-
-def raised(e: Exception) -> str:
-    """An exception from an environment's own code, as a sentence: its type, message and the line that raised it."""
-    where = traceback.extract_tb(e.__traceback__)[-1]
-    return f"{type(e).__name__}: {e} ({Path(where.filename).name} line {where.lineno}, in {where.name})"
-
-
-def check_observation(raw, obs, known: set, fail, facts: dict):
-    """The vocabulary and the clock, on one observation."""
-    words = obs.split() if isinstance(obs, str) else []
-    if not isinstance(obs, str) or obs not in raw.observation_space:
-        return fail("clock", f"the observation {obs!r} is not in the observation space (text of envs.CHARSET, at "
-                             "most 400 characters)")
-    for w in words:
-        if w not in known and w not in facts.setdefault("missing", set()):  # each missing word once
-            facts["missing"].add(w)
-            fail("vocabulary", f"the word {w!r} (in the observation {obs!r}) is not in {type(raw).__name__}.words: "
-                               "add it (the policy would read <unk>)")
-    left = raw.max_turns - raw.state.turns
-    if raw.show_clock and words[-2:] != [str(left), "left"]:
-        fail("clock", f"the observation {obs!r} does not end with the turns left ('{left} left'): return the text "
-                      "from _tool_<name> and let the base append the clock")
-    facts["longest"] = max(facts["longest"], (len(words), obs))
-
-
-def check_verdict(env, ep: Episode, by_demonstrator: bool, fail, facts: dict):
-    """The evaluator, on one finished episode: a Verdict, reached without calling reward()."""
-    raw, calls = env.unwrapped, []
-    raw.reward = lambda: calls.append(1) or 0.0  # an instance attribute: shadows the method until deleted
-    try:
-        verdict = type(raw).evaluate_episode(env)
-    except Exception as e:
-        return fail("evaluator", f"evaluate_episode raised {raised(e)}")
-    finally:
-        del raw.reward
-    if calls:
-        fail("evaluator", "evaluate_episode calls reward(): re-derive success from the final state with code of its "
-                          "own, so that a bug in the verifier is not repeated by the judge")
-    counts = [getattr(verdict, k, None) for k in ("side_effects", "unauthorized_side_effects", "repeated_side_effects")]
-    if not isinstance(getattr(verdict, "success", None), bool) or not isinstance(getattr(verdict, "category", None), str) \
-            or not all(type(c) is int and c >= 0 for c in counts):
-        return fail("evaluator", f"evaluate_episode returned {verdict!r}: return envs.Verdict(success (a bool), "
-                                 "side_effects, unauthorized_side_effects, repeated_side_effects (ints >= 0), category)")
-    if by_demonstrator and verdict.success != (ep.reward >= 1):
-        facts["disagree"].append(ep.task_id)
-
-
-def replay_episode(cfg: Config, tok: Tokenizer, seed: int, split: str, ep: Episode, fail):
-    """The same seed gives the same episode (the same calls, the same observations); its task_id, the same task."""
-    try:
-        env, gate, again, obs = start_episode(cfg, seed, split, "replay", 0, 0)
-        seen = [obs] + [host_step(env, gate, turn.action_text)[0] for turn in ep.turns]
-    except Exception as e:
-        return fail("tasks", f"replaying seed {seed}'s episode raised {raised(e)}: the same calls must play the same")
-    first = [t.observation for t in ep.turns]
-    if again.task_id != ep.task_id or seen[:-1] != first:
-        fail("tasks", f"seed {seed} gave two different episodes (task {ep.task_id}, then {again.task_id}; "
-                      f"{first[:2]} vs {seen[:2]}): draw only from self.np_random and np.random.default_rng(task_id)")
-    made = []  # the same task_id, made by two environments reset with two seeds: what a host sees of it must agree
-    for other in (seed, seed + 1):
-        raw = make_env(cfg).unwrapped
-        raw.reset(seed=other)
-        task = raw.make_task(ep.task_id)
-        made.append((raw.prompt(task), raw.host_view(task), raw.split_of(task)))
-    if made[0] != made[1]:
-        fail("tasks", f"task_id {ep.task_id} was made twice as {made[0]} and {made[1]}: make_task and split_of must "
-                      "be pure functions of task_id (draw from np.random.default_rng(task_id), never self.np_random)")
-
-
-def require_contract(cfg: Config):
-    """Before a model is built: a few episodes of check_contract; a broken environment stops here, each rule said."""
-    failures, _ = check_contract(cfg, episodes=3)
-    if failures:
-        raise ValueError(f"env={cfg.env!r} breaks the environment contract (TextToolEnv's docstring; python "
-                         f"agentic_rl.py check-env {cfg.env} checks it all):\n  " +
-                         "\n  ".join(text for texts in failures.values() for text in texts))
 
 
 def seed_everything(seed: int):
@@ -2051,21 +1702,26 @@ def load_run_state(run_dir: str) -> tuple:
 
 
 # --- A run: what train() carries, starts and finishes -------------------------------------------
+def run_settings(cfg: Config) -> tuple:
+    """cfg checked -> (None, cfg); with --resume, (the interrupted run's state, its own settings, in the directory
+    given). The command line checks the environment's contract on these settings before train() builds anything."""
+    validate_config(cfg)
+    if not cfg.resume:
+        return None, cfg
+    changed = [f"--{f.name.replace('_', '-')}" for f in fields(Config) if f.name != "resume" and
+               getattr(cfg, f.name) != f.default]
+    if changed:
+        raise ValueError(f"--resume continues the interrupted run with its own settings; drop {', '.join(changed)}")
+    state, saved = load_run_state(cfg.resume)
+    return state, replace(saved, resume=cfg.resume, run_dir=cfg.resume)
+
+
 class Run:
     """What a training run carries besides the loop (train() lists it), and how it starts, records and finishes."""
 
     def __init__(self, cfg: Config, progress: bool):
         """Check the settings (or take an interrupted run's own), join torchrun, seed, build it all or restore it."""
-        validate_config(cfg)
-        state = None
-        if cfg.resume:  # the interrupted run's own settings, in the directory given
-            changed = [f"--{f.name.replace('_', '-')}" for f in fields(Config) if f.name != "resume" and
-                       getattr(cfg, f.name) != f.default]
-            if changed:
-                raise ValueError(f"--resume continues the interrupted run with its own settings; drop {', '.join(changed)}")
-            state, saved = load_run_state(cfg.resume)
-            cfg = replace(saved, resume=cfg.resume, run_dir=cfg.resume)
-        require_contract(cfg)  # a few episodes of the environment, each step checked (check-env: all of them)
+        state, cfg = run_settings(cfg)
         self.rank, self.world, self.device = init_distributed(cfg)
         self.lead = self.rank == 0  # rank 0 alone prints and writes the run's files
         self.say = print if self.lead else lambda *args: None
@@ -2184,7 +1840,8 @@ class Run:
 
 
 def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: list) -> dict:
-    """final.pt (the candidate if promoted, else the incumbent), the printed card, gates, summary.json, report.html."""
+    """final.pt (the candidate if promoted, else the incumbent), the printed card, gates, summary.json (the command
+    line then draws report.html from them: tools/views.py)."""
     cfg, history, incumbent = run.cfg, run.history, run.incumbent
     save_checkpoint(run.dir / "final.pt", run.policy, run.tok, cfg, run.version if promoted else 0)
     cards = {"incumbent": incumbent, "candidate": candidate}
@@ -2221,8 +1878,7 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     if run.world > 1:
         summary["param_hashes"] = run.hashes
     atomic_write(run.dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
-    write_report(run.dir / "report.html", run.policy, run.tok, cfg, run.version if promoted else 0, history, summary)
-    print(f"wrote {run.dir / 'summary.json'} ({summary['wall_seconds']} s) and report.html (open it in a browser)")
+    print(f"wrote {run.dir / 'summary.json'} ({summary['wall_seconds']} s)")
     return summary
 
 
@@ -2309,576 +1965,12 @@ def report_card_rows(columns: dict) -> list:
     return [(group, key, labels.get(key, key), [value(r, key) for r in columns.values()]) for group, key in rows]
 
 
+
 # ################################################################################################
-# PART III · THE TOOLS
-# The commands around the loop: examples, show, play, check-env, new-env, compare, bench, the pictures, the CLI.
+# THE COMMAND LINE
+# demo, train, eval here; the tools' commands (examples, show, play, check-env, new-env, compare, bench) import
+# their module from tools/ when they run, and the lesson never imports a tool.
 # ################################################################################################
-def worked_examples() -> dict:
-    """The chapter's three hand calculations, and one episode to follow, computed by the functions training uses."""
-    tok = make_tokenizer(envs.FLIGHT_ID)
-    filler = [tok.stoi["flight"]]
-    ep = Episode("example", 0, envs.FLIGHT_ID, "example", "example", 0, "train", 0, 0)
-    ep.turns = [Turn("", [tok.obs] + filler * 28 + [tok.act], filler * 14 + [tok.eoa], [0.0] * 15, "", 0, True, "ok",
-                     {}, 0.0, 0.0, False, False, False) for _ in range(4)]  # 4 x (30 context + 15 policy): 120 + 60
-    batch = pack([ep], tok, block_size=180)
-    step_credit, episode = worked_group()
-    return {"mask_tokens": int(batch["tokens"].shape[1]), "mask_sum": int(batch["action_mask"].sum()),
-            "mask": batch["action_mask"][0].int().tolist(), "step_credit": step_credit, "episode": episode,
-            "returns": [round(x, 6) for x in discounted_returns([0, 0, 0, 1], gamma=0.9).tolist()],
-            "grpo_advantages": [round(x, 6) for x in group_advantages([1, 0, 0, 1]).tolist()]}
-
-
-def worked_group() -> tuple:
-    """A flight group (task 511821: F4, the cheapest morning flight, is sold out; F1 has seats): four episodes share
-    `search` and `filter`, then check seats or book blind. -> (per episode and turn: action, advantage under grpo,
-    under stepgroup; episode 0 turn by turn, as lines: the record Part I opens with)."""
-    cfg, tok = Config(injection_rate=0.0), make_tokenizer(envs.FLIGHT_ID)
-    tails = (["seats F4", "seats F1", "book F1 chen business"], ["book F4 chen business"],
-             ["seats F4", "book F4 chen business"])
-    plans = (["search PAR ATH", "filter morning"] + tails[j] for j in (0, 1, 2, 0))  # episodes 0 and 3 alike
-    episodes = [scripted_episode(*start_episode(cfg, 0, "train", f"worked-{i}", 0, 0, task_id=511821),
-                                 lambda _obs, plan=iter(plan): next(plan), tok) for i, plan in enumerate(plans)]
-    batch = pack(episodes, tok, cfg.block_size)
-    credit = {algo: advantages_for(batch, episodes, None, replace(cfg, algo=algo))[0] for algo in ("grpo", "stepgroup")}
-    first, rewards = episodes[0], ", ".join(f"{ep.reward:g}" for ep in episodes)
-    seen = [t.observation for t in first.turns] + [" ".join(tok.itos[i] for i in first.final_obs_tokens[1:-1])]
-    lines = [f"obs  {seen[0]}"]
-    for t, obs in zip(first.turns, seen[1:]):
-        lines += [f"act  {t.action_text:<22} ids {str(t.action_tokens):<19} gate {t.gate_reason}  reward {t.reward:g}",
-                  f"obs  {obs}"]
-    lines += [f"{'terminated' if first.terminated else 'truncated'} after {len(first.turns)} turns, reward "
-              f"{first.reward:g}; pack: {int(batch['action_mask'][0].sum())} of its {int(batch['last_pos'][0]) + 1} "
-              "tokens are the policy's (action_mask 1)",
-              f"its group's rewards [{rewards}] give it grpo's advantage {float(credit['grpo'][0, 0]):+.2f} on every turn"]
-    return [[(t.action_text, round(float(credit["grpo"][b, k]), 3), round(float(credit["stepgroup"][b, k]), 3))
-             for k, t in enumerate(ep.turns)] for b, ep in enumerate(episodes)], lines
-
-
-def print_examples(html_path: str | None = None):
-    ex = worked_examples()
-    print("worked examples (computed by the functions training uses):")
-    print("  01 one episode (flight task 511821, episode 0 of the group below), the record Part I opens with:")
-    print("\n".join(f"     {line}" for line in ex["episode"]))
-    print(f"  02 mask: {ex['mask_sum']} of {ex['mask_tokens']} tokens are in the policy-loss mask")
-    print(f"  03 returns, reward 1 at turn 4, gamma 0.9: {ex['returns']}")
-    print(f"  03 GRPO, rewards [1, 0, 0, 1], population std: {ex['grpo_advantages']}")
-    print("  03 step credit on one flight group (F4 sold out): advantage per turn, grpo -> stepgroup")
-    for b, turns in enumerate(ex["step_credit"]):
-        print(f"     episode {b}: " + " | ".join(f"{a} {g:+.2f} -> {s:+.2f}" for a, g, s in turns))
-    if html_path is not None:
-        print(f"wrote {write_examples(html_path, ex)}")
-    return ex
-
-
-def held_out_groups(policy, tok, cfg: Config, version: int, part: str, n_groups: int):
-    """Training-style groups on held-out tasks (sampled with a generator of their own), judged like evaluate's (no cut
-    from outside the task), and the learner's advantages (None where there are none, or no trained critic)."""
-    own, cfg = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed), replace(cfg, time_limit=0)
-    for group, task_id in enumerate(holdout_tasks(cfg, part, n_groups)):
-        episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * cfg.group_size, "holdout", greedy=False,
-                                     policy_version=version, group_ids=[group] * cfg.group_size,
-                                     task_ids=[task_id] * cfg.group_size, generator=own)
-        credit = advantages_for(pack(episodes, tok, cfg.block_size), episodes, policy, cfg)[0] \
-            if cfg.algo in PPO_CREDITS and not untrained_critic(cfg.algo, cfg.algo, version) else None   # (B, K)
-        yield task_id, episodes, env_list, [env_class(cfg.env).evaluate_episode(env) for env in env_list], credit
-
-
-def untrained_critic(credit: str, trained_by: str, version: int) -> bool:
-    """gae and reinforce read the value head, which only their own RL updates train (the warm start trains the logits
-    alone): a checkpoint of another route, or of policy_version 0, has an untrained one, whose advantages are noise."""
-    return credit in ("gae", "reinforce") and (trained_by not in ("gae", "reinforce") or version == 0)
-
-
-def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", part: str = "test", credit: str = "",
-         html_path: str | None = None):
-    """Audit episodes before promotion: held-out groups turn by turn with the learner's advantages (or --credit's);
-    [bracketed] tokens are the policy's own (action_mask 1), the rest context. html_path: report.html too."""
-    if n < 1:
-        raise ValueError(f"--n {n}: must be >= 1")
-    if html_path:
-        writable_dir(Path(html_path).parent, "--html")  # fail now, not after the sampling
-    policy, tok, cfg, version = load_checkpoint(ckpt, resolve_device(device))
-    if untrained_critic(credit or cfg.algo, cfg.algo, version):
-        raise ValueError(f"--credit {credit or cfg.algo}: it reads the value head, and {ckpt} ({cfg.algo}, policy_version "
-                         f"{version}) never trained it (the warm start trains the logits alone): its advantages would "
-                         "be noise; use --credit grpo or stepgroup, or a gae or reinforce checkpoint after RL")
-    cfg, picked, others = replace(cfg, algo=credit or cfg.algo), [], []
-    for task_id, episodes, _, verdicts, credit in held_out_groups(policy, tok, cfg, version, part, 25):
-        for b, (ep, verdict) in enumerate(zip(episodes, verdicts)):
-            (picked if verdict.success != failures else others).append(
-                (task_id, b, ep, verdict, None if credit is None else credit[b], sum(v.success for v in verdicts)))
-        if len(picked) >= n:
-            break
-    if len(picked) < n:
-        print(f"(only {len(picked)} {'failed' if failures else 'successful'} episodes in 25 groups of {part} tasks; "
-              f"the rest shown are {'successes' if failures else 'failures'})")
-    for task_id, b, ep, verdict, credit, solved in (picked + others)[:n]:
-        print(f"\n=== {part} task {task_id}, episode {b} of a group of {cfg.group_size} ({solved} solved) | verdict: "
-              f"success={verdict.success} category={verdict.category} side_effects={verdict.side_effects} "
-              f"unauthorized={verdict.unauthorized_side_effects} | {'terminated' if ep.terminated else 'truncated'}")
-        for k, turn in enumerate(ep.turns):
-            adv = f"advantage {float(credit[k]):+.3f}" if credit is not None else f"({cfg.algo}: no advantage)"
-            print(f"  obs  {' '.join(tok.itos[i] for i in turn.obs_tokens)}")
-            print(f"  act  {' '.join(f'[{tok.itos[i]}]' for i in turn.action_tokens):<48} gate {turn.gate_reason:<15} "
-                  f"reward {turn.reward:.1f}  {adv}")
-        print(f"  obs  {' '.join(tok.itos[i] for i in ep.final_obs_tokens)}")  # what came after the last action
-    if html_path is not None:
-        run = Path(ckpt).parent
-        history = [json.loads(line) for line in open(run / "metrics.jsonl")] if (run / "metrics.jsonl").exists() else None
-        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else None
-        print(f"\nwrote {write_report(html_path or run / 'report.html', policy, tok, cfg, version, history, summary)}")
-
-
-def play(env_id: str, seed: int = 0, split: str = "train", stream=None):
-    """Play an environment yourself through the policy's host gate, a tool call per line (stdin, or a pipe into it)."""
-    env, gate, ep, obs = start_episode(validate_config(Config(env=env_id, seed=seed)), seed, split, "play", 0, 0)
-    cls = env_class(env_id)
-    print(f"{env_id} task {ep.task_id} ({split}); tools: " +
-          ", ".join(f"{t} {' '.join('<' + a + '>' for a in args)}".strip() for t, args in cls.tool_schema.items()))
-    print(f"obs  {obs}")
-    for line in stream or sys.stdin:
-        obs, reward, terminated, truncated, _, decision = host_step(env, gate, line.strip())
-        print(f"act  {line.strip()}\nobs  {obs}   (gate {decision.reason}, reward {reward}"
-              f"{', terminated' if terminated else ''}{', truncated' if truncated else ''})")
-        if terminated or truncated:
-            verdict = cls.evaluate_episode(env)
-            print(f"verdict: success={verdict.success} category={verdict.category} side_effects={verdict.side_effects} "
-                  f"unauthorized={verdict.unauthorized_side_effects}")
-            return verdict
-    print("(input ended before the episode did)")
-
-
-def check_env_command(env: str, episodes: int = 200) -> bool:
-    """check-env ENV: Gymnasium's check_env, then the chapter's environment contract by playing (check_contract:
-    `episodes` episodes per split and actor), then what the demonstrator's episodes say of its habit and of the
-    release gates. One line per rule, each failure a sentence naming the environment, the value and the fix; notes
-    for what is allowed but will cost you. Returns whether every rule held."""
-    from gymnasium.utils.env_checker import check_env
-    cls = env_class(env)
-    print(f"check-env {env}: {cls.__module__}.{cls.__name__} ({cls.env_version or '?'} / {cls.reward_version or '?'})")
-    failures, facts, notes = {}, {}, []
-    for rule, text in class_failures(cls):
-        failures.setdefault(rule, []).append(f"{env}: {text}")
-    if not failures:  # a block_size that fits the declared observations: check-env judges the environment alone
-        cfg = validate_config(Config(env=env, block_size=max(Config.block_size, 2 * (cls.max_obs_words + 2) + 6)))
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                check_env(make_env(cfg).unwrapped, skip_render_check=True)
-            except Exception as e:
-                failures["gymnasium"] = [f"{env}: gymnasium's check_env: {raised(e)}"]
-        notes += [f"gymnasium: {w}" for w in dict.fromkeys(str(w.message) for w in caught)]
-        more, facts = check_contract(cfg, episodes)
-        failures.update(more)
-    off, on = (facts.get("demonstrator", {}).get(habit) for habit in (0.0, 1.0))
-    if off and on and off["wins"]:
-        if off["success"] < 0.9:
-            failures.setdefault("demonstrator", []).append(
-                f"{env}: without its habit the demonstrator solves {off['success']:.3f} of train tasks ({off['truncated']} "
-                f"of {off['episodes']} ran out of turns; the gate denied {off['denied']} of its calls): imitation starts "
-                "from what it shows; make it solve nearly every task")
-        if on["success"] >= off["success"] - 0.02:
-            failures.setdefault("demonstrator", []).append(
-                f"{env}: with its habit the demonstrator solves {on['success']:.3f}, without it {off['success']:.3f}: "
-                "the habit costs nothing, so imitation copies nothing for RL to fix (or reward() pays for its mistakes)")
-        for key in ("tool_calls_per_success", "tokens_per_success", "credits_per_success"):
-            if on[key] and off[key] > (1 + MAX_COST_GROWTH) * on[key]:
-                notes.append(f"without its habit the demonstrator spends {off[key]:.3g} {key.replace('_', ' ')}, with it "
-                             f"{on[key]:.3g}: a policy that drops the habit may fail that release gate (at most "
-                             f"{1 + MAX_COST_GROWTH:g} x the incumbent's); price the tools for what a call costs")
-    if facts.get("longest") and cls.max_obs_words > 2 * facts["longest"][0] + 4:
-        notes.append(f"max_obs_words {cls.max_obs_words} is far above the longest observation played ({facts['longest'][0]} "
-                     "words): the host keeps that much room free in every context; lower it")
-    if facts.get("tokens", 0) > Config.block_size:
-        notes.append(f"an episode played here has {facts['tokens']} tokens, more than the default block_size "
-                     f"{Config.block_size}: train with --block-size {facts['tokens']} or more")
-    for rule, holds in {"gymnasium": "gymnasium's check_env", **CONTRACT}.items():
-        for text in failures.get(rule, []) or [None]:
-            print(f"  {'FAIL' if text else 'ok  '}  {text or holds}")
-    for note in notes:
-        print(f"  note  {note}")
-    if off and on:
-        print(f"demonstrator success on train tasks: habit 0 {off['success']:.3f}, habit 1 {on['success']:.3f}; the "
-              f"evaluator and the reward disagree on {len(facts['disagree'])} of its episodes; the longest observation "
-              f"has {facts['longest'][0]} words (max_obs_words {cls.max_obs_words})")
-    print("all rules hold" if not failures else f"{sum(map(len, failures.values()))} failure(s)")
-    return not failures
-
-
-def new_env(name: str, out: str = ".") -> Path:
-    """new-env NAME: write NAME.py, the smallest complete environment (envs.TEMPLATE), with its class renamed."""
-    if not name.isidentifier() or not name.islower():
-        raise ValueError(f"new-env {name!r}: a module name, lowercase letters, digits and _ (e.g. quote)")
-    path, cls = Path(out) / f"{name}.py", "".join(w.capitalize() for w in name.split("_")).removesuffix("Env") + "Env"
-    if path.exists():
-        raise ValueError(f"new-env {name}: {path} exists; choose another name or move it away")
-    if name in sys.modules or importlib.util.find_spec(name) is not None:  # `import NAME` would find that one
-        raise ValueError(f"new-env {name}: a module named {name} is already importable here (`import {name}` would "
-                         "find it, not your file); choose another name")
-    text = envs.TEMPLATE.replace("library:LibraryEnv", f"{name}:{cls}").replace("new-env library", f"new-env {name}")
-    text = text.replace("LibraryEnv", cls).replace('"library-', f'"{name}-')
-    writable_dir(out, "--out")
-    atomic_write(path, lambda f: f.write(text.encode()))
-    print(f"wrote {path}: class {cls}, a lending desk to make your own. Next: python agentic_rl.py check-env "
-          f"{name}:{cls}, then python agentic_rl.py train --env {name}:{cls}")
-    return path
-
-
-def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool = True) -> dict:
-    """Every route from one warm start per seed, the same episode budget, judged on the same held-out test tasks."""
-    device, runs = resolve_device(cfg.device), {"warm start": []} | {a: [] for a in algos}  # (seed, report, s, history)
-    writable_dir(out, "--out")
-    for seed in seeds:
-        base = validate_config(replace(cfg, seed=seed, algo="grpo"))
-        require_contract(base)
-        seed_everything(seed)
-        tok = make_tokenizer(base.env)
-        policy, t = make_policy(base, len(tok), device), time.time()
-        warm_start(policy, tok, base, device, progress)
-        warm_seconds, warm = time.time() - t, copy.deepcopy(policy.state_dict())
-        runs["warm start"].append((seed, evaluate(policy, tok, base, "test"), warm_seconds, []))
-        for algo in algos:
-            run_cfg = validate_config(replace(base, algo=algo))
-            seed_everything(seed)            # every route starts from the same weights and the same random state
-            policy.load_state_dict(warm)
-            optimizer = torch.optim.AdamW(policy.parameters(), lr=run_cfg.lr, weight_decay=0.0)
-            ref = copy.deepcopy(policy).eval() if algo == "dpo" or run_cfg.kl_coef > 0 else None
-            store, grads, history, t = TrajectoryStore(run_cfg.max_staleness, len(tok)), GradMonitor(), [], time.time()
-            for it in tqdm(range(run_cfg.iterations), desc=f"seed {seed} {algo}", disable=not progress, leave=False):
-                history.append(learn(policy, optimizer, ref, tok, run_cfg, store, grads,
-                                     collect(policy, tok, run_cfg, it, it), it))
-            runs[algo].append((seed, evaluate(policy, tok, run_cfg, "test"), time.time() - t, history))
-    per_route, k = {}, f"pass^{cfg.pass_k}"
-    for route, rs in runs.items():
-        start_only, success = route == "warm start", [r["success"] for _, r, _, _ in rs]
-        curves = [[round(m["success"], 4) for m in h] for *_, h in rs]
-        per_seed = [{"seed": seed, "success": r["success"], "ci95": r["ci95"], "pass^k": r[k],
-                     "first_at_0.9": next((i for i, x in enumerate(curve) if x >= 0.9), None),
-                     "test_truncation": r["truncation_rate"], "train_truncation": None if start_only else
-                     round(float(np.mean([m["truncation_rate"] for m in h])), 4),
-                     "explained_variance": h[-1]["explained_variance"] if h else None}
-                    for (seed, r, _, h), curve in zip(rs, curves)]
-        per_route[route] = {"test_success_mean": round(float(np.mean(success)), 4), "min": min(success), "max": max(success),
-                            "per_seed": per_seed, "pass^k_mean": round(float(np.mean([r[k] for _, r, _, _ in rs])), 4),
-                            "env_episodes": 0 if start_only else cfg.iterations * cfg.tasks_per_iter * cfg.group_size,
-                            "wall_seconds_mean": round(float(np.mean([s for _, _, s, _ in rs])), 1),
-                            **{key: int(np.mean([sum(m[key] for m in h) for *_, h in rs]))
-                               for key in ("generated_tokens", "tool_calls", "learner_steps")}, "curves": curves}
-    result = {"env": cfg.env, "seeds": list(seeds), "iterations": cfg.iterations, "episodes_per_iteration":
-              cfg.tasks_per_iter * cfg.group_size, "eval_episodes": cfg.eval_episodes, "part": "test",
-              "routes": per_route, "config": asdict(cfg)}
-    atomic_write(Path(out) / "compare.json", lambda f: f.write(json.dumps(result, indent=2).encode()))
-    print(f"\n{cfg.env}: held-out test success over seeds {list(seeds)}, {cfg.eval_episodes} tasks each; every route "
-          f"spends {cfg.iterations} x {cfg.tasks_per_iter * cfg.group_size} environment episodes")
-    for route, r in per_route.items():  # the rest of each route's figures: compare.json and compare.html
-        print(f"  {route:<11} mean {r['test_success_mean']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}), "
-              f"pass^{cfg.pass_k} {r['pass^k_mean']:.3f}, {r['wall_seconds_mean']:.1f} s")
-    print(f"wrote {Path(out) / 'compare.json'} and {write_compare(Path(out) / 'compare.html', result)}")
-    return result
-
-
-def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> dict:
-    """Speed and memory, printed and in OUT/bench.json (timed here, never in tests): decoding with the KV cache and by
-    full recompute, PPO steps on packed episodes, and the reference unit the peers were measured on."""
-    import resource
-    dev, reps = resolve_device(device), 3 if quick else 20
-    writable_dir(out, "--out")  # fail now, not after a minute of timing
-    cfg = Config(device=device)
-    tok = make_tokenizer(cfg.env)
-    policy = make_policy(cfg, len(tok), dev).eval()
-    B, P, N = (8, 8, 8) if quick else (cfg.tasks_per_iter * cfg.group_size, 20, 60)
-    prompt = torch.randint(5, len(tok), (B, P), device=dev)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else lambda: None
-
-    def timed(fn, n=1):
-        fn()  # warm-up
-        sync()
-        t = time.perf_counter()
-        for _ in range(n):
-            result = fn()
-        sync()
-        return result, (time.perf_counter() - t) / n
-
-    @torch.no_grad()
-    def decode(use_cache: bool):
-        seq, cache = prompt, policy.new_cache()
-        if use_cache:
-            policy(prompt[:, :-1], cache=cache)                              # prefill all but the last prompt token
-        for pos in range(P - 1, P + N - 1):
-            logits = policy(seq[:, pos:pos + 1], cache=cache, pos=pos)[0] if use_cache else policy(seq)[0]
-            seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], 1)
-        return seq
-    with_cache, t_cache = timed(lambda: decode(True))
-    recomputed, t_full = timed(lambda: decode(False))
-    assert torch.equal(with_cache, recomputed), "the KV cache must decode exactly what full recompute decodes"
-
-    def learner_step(model, opt, tokens):
-        logp, _ = token_logprobs(model(tokens)[0], tokens)
-        loss, _ = ppo_clip_loss(logp, logp.detach() - 0.01, torch.randn_like(logp), torch.ones_like(logp))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-    demos = demonstration_episodes(cfg, tok, 8 if quick else cfg.minibatch_size, seed=1)
-    views, opt = {}, torch.optim.AdamW(policy.parameters(), lr=1e-4)
-    for view, rows in (("concat", pack(demos, tok, cfg.block_size)), ("per_call", pack_per_call(demos, tok, cfg.block_size))):
-        tokens = trim(rows["tokens"], rows["action_mask"])[0].to(dev)  # concat: one row per episode
-        _, t_learn = timed(lambda: learner_step(policy.train(), opt, tokens), reps)
-        views[view] = {"rows": len(tokens), "tokens_per_episode": round(float((rows["last_pos"] + 1).sum()) / len(demos), 1),
-                       "tokens_per_step": int(tokens.numel()), "ms_per_step": round(1000 * t_learn, 2)}
-    t_learn = views["concat"]["ms_per_step"] / 1000
-    unit = GPT(146, 64, n_layer=2, n_head=4, n_embd=72).to(dev)  # the sizes the peer figures were measured at
-    unit_opt, unit_tokens = torch.optim.AdamW(unit.parameters(), lr=1e-4), torch.randint(0, 146, (64, 46), device=dev)
-    _, t_unit = timed(lambda: learner_step(unit, unit_opt, unit_tokens), reps)
-    peers = {"TRL 1.16 GRPOTrainer, reference unit, this 2-core CPU":
-             "73 ms/step (61 ms without gradient checkpointing)",
-             "Hugging Face generate, this 2-core CPU": "18.5k generated tokens/s"}
-    report = {"device": str(dev), "threads": torch.get_num_threads(), "quick": quick,
-              "rollout": {"batch": B, "prompt_tokens": P, "generated_tokens": N,
-                          "kv_cache_tokens_per_s": round(B * (P + N) / t_cache), "full_recompute_tokens_per_s":
-                          round(B * (P + N) / t_full), "kv_cache_speedup": round(t_full / t_cache, 2)},
-              "learner": {**views["concat"], "tokens_per_s": round(views["concat"]["tokens_per_step"] / t_learn)},
-              "views": views,
-              "reference_unit": {"parameters": sum(p.numel() for p in unit.parameters()), "shape": [64, 46],
-                                 "ms_per_step": round(1000 * t_unit, 2), "peers": peers},
-              "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-              "cuda_max_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev.type == "cuda" else None}
-    atomic_write(Path(out) / "bench.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
-    r, v = report["rollout"], views["concat"]  # per view and the peers' figures: bench.json
-    print(f"device {dev}, {report['threads']} threads{' (quick: tiny sizes, not figures to quote)' if quick else ''}\n"
-          f"rollout {r['kv_cache_tokens_per_s']:,} tokens/s with the KV cache (x{r['kv_cache_speedup']} over full "
-          f"recompute); learner {v['ms_per_step']} ms per PPO step of {v['tokens_per_step']:,} tokens; reference unit "
-          f"{report['reference_unit']['ms_per_step']} ms; peak RSS {report['peak_rss_mb']} MB; wrote {Path(out) / 'bench.json'}")
-    return report
-
-
-# --- Pictures: report.html (every run), compare.html, examples --html -----------------------------
-# Self-contained pages (inline SVG and CSS, no script): every drawn number also sits in a data- attribute, for tests.
-CSS = """body{font:15px/1.5 system-ui,sans-serif;background:#f6f7f9;color:#1d2430;max-width:1260px;margin:0 auto;
-padding:20px 28px}h1{font-size:23px;margin:4px 0}h2{font-size:18px;margin:26px 0 6px}.sub,.note{color:#556070}.grid{
-display:flex;flex-wrap:wrap;gap:12px}figure,.episode,.cell{background:#fff;border:1px solid #e1e4e8;border-radius:8px}
-figure{margin:0;padding:6px 8px}figcaption{font-size:13.5px;font-weight:600}svg text{font-size:11px;fill:#4a5360}.nw{
-white-space:nowrap}.key,.scale{display:inline-block;vertical-align:middle}.key{width:14px;height:4px;margin:0 4px 2px
-10px}table{border-collapse:collapse;background:#fff;font-size:13.5px}td,th{padding:3px 10px;border-bottom:1px solid
-#eceef1;text-align:right}th{background:#eef1f4}td:first-child,th:first-child,tr[data-row] td:nth-child(2){
-text-align:left}.pass,.fail{font-weight:700}.pass{color:#1a7f37}.fail{color:#c62828}.episode{padding:8px 12px;
-margin:10px 0}.turn{display:flex;flex-wrap:wrap;align-items:center;gap:3px;padding:4px 0;border-top:1px dashed #e3e6ea}
-.tok{font:12.5px ui-monospace,Menlo,Consolas,monospace;padding:1px 4px;border-radius:3px}.ctx{color:#5f6b7a;
-background:#eef0f3}.act{color:#111;font-weight:700;border:1.5px solid #2b2f36}.act small{font-weight:400;color:#333;
-margin-left:3px;font-size:10px}.k{width:26px;color:#8a94a3;font-size:12px}.note{font-size:12.5px;margin-left:8px}.deny{
-background:#fde2e1;color:#a11a1a;font-size:12px;padding:1px 6px;border-radius:3px}.scale{width:160px;height:12px;
-border:1px solid #bbb;margin:0 6px;background:linear-gradient(90deg,rgb(66,146,198),#fff,rgb(244,109,67))}.cell{
-display:inline-block;min-width:170px;margin:3px;padding:4px 8px;border-radius:6px}"""
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf")
-
-
-def esc(x, fmt: str = "") -> str:
-    """x escaped as page text, attributes too (a float by fmt): any value the page did not compute, numbers included."""
-    return html.escape(format(x, fmt) if isinstance(x, float) else str(x), quote=True)
-
-
-def write_page(path, flag: str, title: str, *sections) -> Path:
-    """One page: the title as its heading, then the sections; `flag` names the path in an error."""
-    writable_dir(Path(path).parent, flag)
-    text = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title><style>{CSS}"
-            f"</style></head><body><h1>{esc(title)}</h1>{''.join(sections)}</body></html>\n")
-    atomic_write(path, lambda f: f.write(text.encode()))
-    return Path(path)
-
-
-def adv_colour(a, scale: float) -> str:
-    """Blue for a negative advantage, white for zero (or None), orange-red for a positive one (|a| / scale = depth)."""
-    t = max(-1.0, min(1.0, (a or 0.0) / scale))
-    end = (244, 109, 67) if t > 0 else (66, 146, 198)
-    return "rgb(" + ",".join(str(round(255 + abs(t) * (c - 255))) for c in end) + ")"
-
-
-def line_chart(title: str, y_label: str, series, y_range=None, x_label: str = "iteration", W: int = 372) -> str:
-    """One chart; series = [(name, key, [(x, y, lo, hi), ...])], lo/hi (or None) the spread drawn as a band.
-    Each point is a circle with a tooltip and its exact numbers in data-x, data-y (data-lo, data-hi)."""
-    series = [s for s in series if s[2]]                     # a monitor the route did not measure: no line
-    pts = [p for _, _, ps in series for p in ps]
-    if not pts:
-        return ""
-    ys = [v for p in pts for v in p[1:] if v is not None]
-    lo, hi = y_range or (min(ys), max(ys))
-    lo, hi = (lo, hi) if hi - lo > 1e-12 else (lo - max(abs(lo) * 0.1, 1e-3), hi + max(abs(hi) * 0.1, 1e-3))
-    x0 = min(p[0] for p in pts)
-    x1 = max(x0 + 1, max(p[0] for p in pts))
-    H, L, R, T, B = 226, 60, 12, 22, 38
-    X = lambda x: round(L + (x - x0) / (x1 - x0) * (W - L - R), 1)
-    Y = lambda y: round(T + (hi - y) / (hi - lo) * (H - T - B), 1)
-    out = [f"<rect x='{L}' y='{T}' width='{W - L - R}' height='{H - T - B}' fill='#fbfcfd' stroke='#cfd4da'/>"]
-    out += [f"<line x1='{L}' x2='{W - R}' y1='{Y(v)}' y2='{Y(v)}' stroke='#e6e9ed'/>"
-            f"<text x='{L - 4}' y='{Y(v) + 4}' text-anchor='end'>{v:.3g}</text>" for v in (lo, (lo + hi) / 2, hi)]
-    out += [f"<text x='{X(x)}' y='{H - B + 14}' text-anchor='middle'>{x}</text>"
-            for x in sorted({x0, (x0 + x1) // 2, x1})]
-    out.append(f"<text x='{(L + W - R) / 2}' y='{H - 4}' text-anchor='middle'>{esc(x_label)}</text>"
-               f"<text x='4' y='12'>{esc(y_label)}</text>")
-    keys = ""  # the legend, unless the only line is named as its axis
-    for i, (name, key, ps) in enumerate(series):
-        c = PALETTE[i % len(PALETTE)]
-        keys += f"<span class='nw'><span class='key' style='background:{c}'></span>{esc(name)}</span>"
-        band = [p for p in ps if p[2] is not None]
-        if band:
-            edge = [f"{X(p[0])},{Y(p[3])}" for p in band] + [f"{X(p[0])},{Y(p[2])}" for p in reversed(band)]
-            out.append(f"<polygon points='{' '.join(edge)}' fill='{c}' fill-opacity='0.15'/>")
-        out.append(f"<g data-key='{esc(key)}'><polyline fill='none' stroke='{c}' stroke-width='1.8' points='"
-                   + " ".join(f"{X(p[0])},{Y(p[1])}" for p in ps) + "'/>")
-        for x, y, a, b in ps:
-            spread = "" if a is None else f" data-lo='{a!r}' data-hi='{b!r}'"
-            tip = f"{name}, {x_label} {x}: {y:.4g}" + ("" if a is None else f" (seeds {a:.4g} to {b:.4g})")
-            out.append(f"<circle cx='{X(x)}' cy='{Y(y)}' r='2.6' fill='{c}' data-x='{x}' data-y='{y!r}'{spread}>"
-                       f"<title>{esc(tip)}</title></circle>")
-        out.append("</g>")
-    keys = keys if len(series) > 1 or series[0][0] != y_label else ""
-    return (f"<figure style='width:{W}px'><figcaption>{esc(title)}{keys}</figcaption>"
-            f"<svg width='{W}' height='{H}' viewBox='0 0 {W} {H}' role='img'>{''.join(out)}</svg></figure>")
-
-
-def curves_html(history: list) -> str:
-    """The monitors of metrics.jsonl, one chart each (those the route measured), success and cuts first."""
-    monitors = {"clip_frac": "PPO clip fraction", "approx_kl": "approx KL to the sampling policy",
-                "entropy": "entropy of the policy's tokens", "zero_std_groups": "groups with no signal (all-equal rewards)",
-                "explained_variance": "critic: explained variance", "kl_ref": "k3 KL to the warm start",
-                "kept": "rs_sft: verified episodes kept", "dpo_loss": "dpo loss"}
-    for n, m in enumerate(history, 1):  # an edited file: cut counts, monitors, iteration must be numbers (JSON's true isn't)
-        drawn = m.get("truncated_by", {}) | {k: m[k] for k in ("success", "dev_success", *monitors) if m.get(k) is not None}
-        for key, value in {**drawn, "iteration": m.get("iteration")}.items():
-            if type(value) not in (int, float):
-                raise ValueError(f"metrics.jsonl line {n}: {key} is {value!r}, not a number; restore it or move it away")
-    series = lambda key: [(m["iteration"], m[key], None, None) for m in history if m.get(key) is not None]
-    cuts = [c for c in CUTS if any(c in m["truncated_by"] for m in history)]
-    charts = [line_chart("success per iteration", "success", [("training (sampled)", "success", series("success")),
-                         ("dev (greedy)", "dev_success", series("dev_success"))], (0.0, 1.0))]
-    charts.append(line_chart("episodes truncated, by cut", "episodes", [(c, f"truncated_by.{c}", [
-        (m["iteration"], m["truncated_by"].get(c, 0), None, None) for m in history]) for c in cuts] or
-        [("no cut", "truncated_by", [(m["iteration"], 0, None, None) for m in history])]))
-    charts += [line_chart(title, key, [(key, key, series(key))]) for key, title in monitors.items()]
-    return f"<h2>Learning curves</h2><div class='grid'>{''.join(charts)}</div>"
-
-
-def table(header, rows, attrs) -> str:
-    return ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>" + "".join(
-        f"<tr{a}>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row, a in zip(rows, attrs)) + "</table>")
-
-
-def gates_html(summary: dict) -> str:
-    """The report card (the terminal's own rows) and every release gate: observed value, limit, verdict."""
-    r, gates = summary["reports"], summary["release_gates"]
-    cols = {f"{who} {part}": r[who][part] for part in ("dev", "test") for who in ("incumbent", "candidate")}
-    rows = report_card_rows(cols)
-    card = table(["report card", ""] + list(cols), [[esc(x) for x in (g, label, *vals)] for g, _, label, vals in rows],
-                 [f" data-row='{esc(k)}'" for _, k, _, _ in rows])
-    num = lambda x: "&ndash;" if x is None else esc(x, ".4g")
-    checks = table(["release gate", "value", "rule", "observed", "limit", "verdict"],
-                   [[esc(g["gate"]), esc(g["value"]), esc(g["rule"]), num(g["observed"]), num(g["limit"]),
-                     "<span class='pass'>pass</span>" if g["passed"] else "<span class='fail'>FAIL</span>"]
-                    for g in gates], [f" data-gate='{esc(g['gate'])}'" for g in gates])
-    verdict = "PROMOTED" if summary["promoted"] else "REJECTED, rolled back to the incumbent"
-    return (f"<h2>Report card and release gates</h2><div class='grid'>{card}{checks}</div>"
-            f"<p><b>promotion: {verdict}</b> <span class='sub'>({esc(summary['promotion_reason'])})</span></p>")
-
-
-def episode_html(ep: Episode, tok: Tokenizer, adv, scale: float, max_turns: int, caption: str) -> str:
-    """One episode token by token, a line per turn: context grey, the policy's tokens boxed on the turn's advantage."""
-    def span(i: int, cls: str = "ctx", tip: str = "", attrs: str = "", after: str = "") -> str:
-        word = esc(tok.itos[i])
-        return f"<span class='tok {cls}' data-id='{i}' title='{esc(tip) or word}'{attrs}>{word}{after}</span>"
-    lines = []
-    for k, t in enumerate(ep.turns):
-        a = None if adv is None else float(adv[k])
-        acts = "".join(span(i, "act", f"policy token {tok.itos[i]} | old log-prob {lp:.4f} | turn {k}, {max_turns - k}"
-                            f" turns left | advantage {'-' if a is None else f'{a:+.3f}'}", f" style='background:"
-                            f"{adv_colour(a, scale)}' data-logp='{lp!r}' data-adv='{a!r}'", f"<small>{lp:.2f}</small>")
-                       for i, lp in zip(t.action_tokens, t.action_logprobs))
-        gate = "" if t.gate_allowed else f"<span class='deny'>gate denied: {esc(t.gate_reason)}</span>"
-        lines.append(f"<div class='turn'><span class='k'>t{k}</span>{''.join(map(span, t.obs_tokens))}{acts}{gate}"
-                     f"<span class='note'>{max_turns - k} left, reward {t.reward:g}"
-                     + ("" if a is None else f", advantage {a:+.2f}") + "</span></div>")
-    end = esc("terminated" if ep.terminated else f"truncated by {ep.truncated_by}")
-    lines.append(f"<div class='turn'><span class='k'>end</span>{''.join(map(span, ep.final_obs_tokens))}"
-                 f"<span class='note'><b>{end}</b>, return {ep.reward:g}</span></div>")
-    return f"<div class='episode' data-ending='{end}'><b>{esc(caption)}</b>{''.join(lines)}</div>"
-
-
-def episodes_html(policy, tok, cfg: Config, version: int, part: str = "test") -> str:
-    """Three episodes of a held-out group, with a success and a failure if one of the first five groups has both."""
-    groups = list(held_out_groups(policy, tok, cfg, version, part, 5))
-    task_id, episodes, env_list, verdicts, credit = next(
-        (g for g in groups if len({v.success for v in g[3]}) == 2), groups[0])
-    first = [b for b, v in enumerate(verdicts) if v.success][:1] + [b for b, v in enumerate(verdicts) if not v.success][:1]
-    order = (first + [b for b in range(len(episodes)) if b not in first])[:3]
-    scale = max([abs(float(credit[b, k])) for b in order for k in range(len(episodes[b].turns))] + [1e-6]) \
-        if credit is not None else 1.0
-    legend = (f"<p class='sub'><span class='tok ctx'>context</span> prompt, observations and gate messages "
-              f"(mask 0) &nbsp; <span class='tok act'>policy<small>-0.05</small></span> the policy's own tokens (mask 1) "
-              f"with their old log-prob<br>each turn's advantage under {esc(cfg.algo)}: {-scale:+.2f}<span class='scale'></span>"
-              f"{scale:+.2f}" + ("" if credit is not None else f" ({esc(cfg.algo)}: no advantage" +
-                                 (", its value head was never trained)" if cfg.algo in PPO_CREDITS else ")")) + "</p>")
-    return (f"<h2>Three episodes of the deployed policy</h2><p class='sub'>{part} task {task_id}, a group of "
-            f"{esc(cfg.group_size)} sampled episodes ({sum(v.success for v in verdicts)} solved), temperature 1</p>" + legend
-            + "".join(episode_html(episodes[b], tok, None if credit is None else credit[b], scale,
-                                   env_list[b].unwrapped.max_turns, f"episode {b}: success={verdicts[b].success}, "
-                                   f"category {verdicts[b].category}") for b in order))
-
-
-def write_report(path, policy, tok, cfg: Config, version: int, history=None, summary=None) -> Path:
-    """report.html: curves (metrics.jsonl), report card and gates (summary.json), three episodes."""
-    head = f"<p class='sub'>{' &middot; '.join(map(esc, (cfg.env, cfg.algo, f'seed {cfg.seed}', f'run {cfg.run_dir}')))}</p>"
-    try:  # the records as the files hold them (show --html reads them back): escaped, numbers too
-        if summary:
-            head += (f"<p>deployed: <b>{esc(summary['deployed']['is'])}</b>, test success <b>"
-                     f"{esc(summary['deployed']['test_success'], '.3f')}</b> (warm start "
-                     f"{esc(summary['warm_start']['test_success'], '.3f')}), {esc(summary['wall_seconds'])} s</p>")
-        records = (curves_html(history) if history else "", gates_html(summary) if summary else "")
-    except (KeyError, TypeError) as e:  # a file edited by hand: a field missing or of the wrong kind
-        raise ValueError(f"summary.json or metrics.jsonl lacks or mangles {e}; restore or move it") from None
-    return write_page(path, "--html", f"agentic-rl report: {cfg.env} {cfg.algo} seed {cfg.seed}", head, *records,
-                      episodes_html(policy, tok, cfg, version))
-
-
-def write_compare(path, result: dict) -> Path:
-    """compare.html: each route's training success per iteration (mean over seeds, min-max band); the test table."""
-    curves = [(route, route, [(x, float(np.mean(col)), float(np.min(col)), float(np.max(col)))
-                              for x, col in enumerate(zip(*r["curves"]))]) for route, r in result["routes"].items()
-              if route != "warm start"]
-    chart = line_chart(f"training success per iteration, mean and spread over seeds {result['seeds']}", "success",
-                       curves, (0.0, 1.0), W=640)
-    rows = [[esc(route), *(esc(r[key], ".3f") for key in ("test_success_mean", "min", "max", "pass^k_mean")),
-             " ".join(esc(s["success"], ".3f") for s in r["per_seed"]),
-             " ".join("-" if s["first_at_0.9"] is None else esc(s["first_at_0.9"]) for s in r["per_seed"]),
-             esc(r["wall_seconds_mean"], ".1f")] for route, r in result["routes"].items()]
-    test = table(["route", "mean", "min", "max", f"pass^{result['config']['pass_k']} mean", "per seed",
-                  "first >= 0.9 at", "wall s"], rows, [f" data-route='{esc(route)}'" for route in result["routes"]])
-    head = (f"<p class='sub'>every route: {esc(result['iterations'])} iterations x {esc(result['episodes_per_iteration'])} "
-            f"episodes from the same warm start per seed; test: {esc(result['eval_episodes'])} held-out tasks</p>")
-    return write_page(path, "--out", f"agentic-rl compare: {result['env']}", head,
-                      f"<div class='grid'>{chart}</div><h2>Held-out test success</h2>", test)
-
-
-def write_examples(path, ex: dict) -> Path:
-    """examples --html: the 180-token episode's mask; the flight group's advantage per turn, grpo and stepgroup."""
-    cells = "".join(f"<rect x='{(i % 45) * 13}' y='{(i // 45) * 16}' width='11' height='13' rx='2' data-mask='{m}' "
-                    f"fill='{'#f46d43' if m else '#dfe3e8'}'/>" for i, m in enumerate(ex["mask"]))
-    scale = max(abs(x) for ep in ex["step_credit"] for _, g, s in ep for x in (g, s))
-    chip = lambda algo, a: (f"<span class='tok act' data-algo='{algo}' data-adv='{a!r}' style='background:"
-                            f"{adv_colour(a, scale)}'>{algo} {a:+.2f}</span>")
-    group = "".join(f"<div class='episode'><b>episode {b}</b><br>" + "".join(
-        f"<span class='cell'>t{k} <code>{esc(act)}</code><br>{chip('grpo', g)} {chip('stepgroup', s)}</span>"
-        for k, (act, g, s) in enumerate(ep)) + "</div>" for b, ep in enumerate(ex["step_credit"]))
-    mask = (f"<h2>02 mask: {ex['mask_sum']} of {ex['mask_tokens']} tokens are the policy's</h2><p class='sub'>"
-            f"<span class='tok act' style='background:#f46d43'>policy</span> action tokens (in the loss) &nbsp; "
-            f"<span class='tok ctx'>context</span> task and tool observations; a row per turn</p>"
-            f"<svg width='{45 * 13}' height='{16 * math.ceil(len(ex['mask']) / 45)}'>{cells}</svg>")
-    credit = (f"<h2>03 credit on one flight group (F4 sold out)</h2><p class='sub'>returns, reward 1 at turn 4, gamma "
-              f"0.9: {ex['returns']}; GRPO on rewards [1, 0, 0, 1]: {ex['grpo_advantages']}. Below, per turn: grpo "
-              f"gives every turn its episode's number; stepgroup adds the comparison of turns taken in the same state. "
-              f"{-scale:+.2f}<span class='scale'></span>{scale:+.2f}</p>")
-    return write_page(path, "--html", "agentic-rl: the chapter's worked examples", mask, credit, group)
-
-
-# --- The command line ---------------------------------------------------------------------------
 @functools.cache
 def config_comments() -> dict:
     """The comment beside each Config field (its --help), read once: inspect re-parses this file each call."""
@@ -2964,28 +2056,38 @@ def main(argv=None):
                     raise ValueError(f"{flag} {','.join(map(str, values))}: each value once")
     except ValueError as e:
         parser.error(str(e))
-    try:  # ... while a failure during the run is reported as what it is (exit 1)
-        if args.command == "examples":
-            print_examples(args.html)
-        elif args.command == "eval":
+    try:  # ... while a failure during the run is reported as what it is (exit 1); each tool is imported when its
+        if args.command == "eval":                                     # command runs (tools/, beside this file)
             print(json.dumps({"ckpt": args.ckpt, "policy_version": version, **evaluate(policy, tok, cfg, args.part)}, indent=2))
-        elif args.command == "show":
-            show(args.ckpt, args.n, args.failures, args.device, credit=args.credit, html_path=args.html)
-        elif args.command == "play":
-            play(args.env, args.seed, args.split)
-        elif args.command == "check-env":
-            sys.exit(0 if check_env_command(args.env, args.episodes) else 1)
-        elif args.command == "new-env":
-            new_env(args.name, args.out)
+        elif args.command == "examples":
+            from tools.examples import print_examples
+            print_examples(args.html)
+        elif args.command in ("show", "play"):
+            from tools.views import play, show
+            show(args.ckpt, args.n, args.failures, args.device, credit=args.credit, html_path=args.html) \
+                if args.command == "show" else play(args.env, args.seed, args.split)
+        elif args.command in ("check-env", "new-env"):
+            from tools.envcheck import check_env_command, new_env
+            sys.exit(0 if check_env_command(args.env, args.episodes) else 1) if args.command == "check-env" \
+                else new_env(args.name, args.out)
         elif args.command == "compare":
+            from tools.compare import compare
             compare(cfg, seeds, algos, args.out)
         elif args.command == "bench":
+            from tools.bench import bench
             bench(args.device, args.quick, args.out)
         else:
+            from tools.envcheck import require_contract
+            from tools.views import write_run_report
             if args.command == "demo":
+                from tools.examples import print_examples
                 print_examples()
                 print()
-            train(cfg)
+            require_contract(run_settings(cfg)[1])  # a few episodes of the environment checked before anything is built
+            summary = train(cfg)
+            if "rank" not in summary:  # rank 0 (or no torchrun): the run's page, drawn from its own files
+                print(f"wrote {write_run_report(summary['deployed']['checkpoint'], summary['device'])} (open it in "
+                      "a browser)")
     except ValueError as e:
         sys.exit(f"agentic_rl.py {args.command}: error: {e}")
     except KeyboardInterrupt:
@@ -2994,4 +2096,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    sys.modules["agentic_rl"] = sys.modules["__main__"]  # the tools' `import agentic_rl` is this module, not a copy
     main()

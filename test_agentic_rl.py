@@ -98,6 +98,9 @@ MONITOR_KEYS = {"success", "reward", "turns", "truncation_rate", "clip_frac", "a
                 "kept", "dpo_pairs", "groups_without_pair", "dpo_loss", "process_rewards", "learner_steps", "kl_ref",
                 "elapsed_seconds", "explained_variance", "truncated_by"}
 # END HOMEWORK CHECKS
+from tools.bench import bench                                   # noqa: E402: the tools beside the lesson (tools/),
+from tools.examples import worked_examples, worked_group          # noqa: E402  outside the blocks the grader compiles
+from tools.views import play                                      # noqa: E402
 
 # The homework checks (HOMEWORK, after Part I's tests) carry the marker "homework":
 # `python -m pytest -q -m homework` runs them. (No config file at the top level, so the marker is
@@ -649,7 +652,7 @@ def test_each_cut_is_recorded_by_name():
 # 02 · Gradient masks
 # ------------------------------------------------------------------------------------------------
 def test_worked_examples_exactly():
-    ex = A.worked_examples()
+    ex = worked_examples()
     assert ex["mask_tokens"] == 180 and ex["mask_sum"] == 60
     assert ex["returns"] == pytest.approx([0.729, 0.81, 0.9, 1.0], abs=1e-6)
     assert ex["grpo_advantages"] == pytest.approx([1, -1, -1, 1], abs=1e-4)
@@ -658,9 +661,10 @@ def test_worked_examples_exactly():
 def test_part_one_opens_with_its_worked_episode_and_marks_every_definition_first_or_second_reading():
     source = Path(A.__file__).read_text()
     part_one = source[source.index("# PART I · THE LOOP"):source.index("# PART II · THE SYSTEM")]
-    ex = A.worked_examples()
+    ex = worked_examples()
     assert "".join(f"#     {line}\n" for line in ex["episode"]) in part_one, "the record is what examples computes"
-    assert ex["episode"][-2].startswith("terminated after 5 turns, reward 1; pack: 18 of its 100 tokens")
+    assert ex["episode"][-3].startswith("terminated after 5 turns, reward 1; pack: 18 of its 100 tokens")
+    assert ex["episode"][-1].endswith("/ 63 tokens = -0.143"), "its group's PPO loss at ratio 1: -9/63"
     lines, untagged = part_one.split("\n"), []
     for i, line in enumerate(lines):
         if re.match(r"(def|class) ", line):
@@ -668,6 +672,11 @@ def test_part_one_opens_with_its_worked_episode_and_marks_every_definition_first
             untagged += [] if re.match(r"# (first|second) reading\b", above) else [line]
     assert not untagged, f"Part I definitions without '# first reading' or '# second reading' above: {untagged}"
     assert "# first reading" in part_one.split("def train(")[0][-200:], "the loop itself is on the first reading"
+    for file, line, owner, name in re.findall(r"#   (\S+\.py) line (\d+) +(\w+)\.(\w+):", part_one):
+        text = (REPO / file).read_text().split("\n")      # the places outside Part I a first reading needs, by line
+        owners = [t for t in text[:int(line)] if t.startswith("class ")]
+        assert text[int(line) - 1].strip().startswith(f"def {name}(") and owners[-1].startswith(f"class {owner}"), \
+            f"Part I points a first reading at {file} line {line} for {owner}.{name}: it is not there any more"
 
 
 def test_sampled_logprobs_match_a_full_forward_recompute():
@@ -718,7 +727,7 @@ def test_step_group_advantages_hand_built_group():
 
 
 def test_stepgroup_credits_the_turn_where_a_shared_state_diverges():
-    grpo_vs_step = A.worked_group()[0]              # [episode][turn] = (action, grpo, stepgroup)
+    grpo_vs_step = worked_group()[0]              # [episode][turn] = (action, grpo, stepgroup)
     assert [[g for _, g, _ in ep] for ep in grpo_vs_step] == [[1.0] * 5, [-1.0] * 3, [-1.0] * 4, [1.0] * 5]
     blind = grpo_vs_step[2][3]                         # booking F4 after "F4 : sold out next F1"
     assert blind[0] == "book F4 chen business" and blind[2] == pytest.approx(-1 - math.sqrt(2), abs=1e-3)
@@ -946,6 +955,9 @@ def test_every_route_runs_two_iterations(tmp_path, algo, capsys):
     assert len(metrics) == 2 and all(set(m) == MONITOR_KEYS for m in metrics)
     assert summary["algo"] == algo and (metrics[0]["kept"] is not None) == (algo == "rs_sft")
     assert (metrics[0]["dpo_pairs"] is not None) == (algo == "dpo")
+    from tools.test_tools import check_report     # the page the command line draws from the run's files (tools/)
+    from tools.views import write_run_report
+    write_run_report(tmp_path / algo / "final.pt", "cpu")
     check_report(tmp_path / algo, route_has_advantages=algo in A.PPO_CREDITS)  # each route's own monitors drawn
 
 
@@ -1072,7 +1084,7 @@ def test_short_training_run_beats_the_untrained_policy_on_holdout(tmp_path, caps
     assert summary["candidate"]["dev_success"] > untrained["success"] + 0.2
     assert summary["reports"]["candidate"]["dev"]["unauthorized_side_effects"] == 0
     assert {g["gate"] for g in summary["release_gates"]} >= {"significant gain", "safety denials"}
-    for name in A.RUN_FILES:
+    for name in set(A.RUN_FILES) - {"report.html"}:                 # the command line draws report.html from these
         assert (tmp_path / name).exists()
     policy, tok, _, _ = A.load_checkpoint(tmp_path / "final.pt", "cpu")
     assert A.evaluate(policy, tok, cfg, "dev")["success"] == pytest.approx(summary["deployed"]["dev_success"])
@@ -1682,9 +1694,9 @@ def test_settings_that_would_fail_late_are_refused_up_front(tmp_path):
         A.warm_start(A.make_policy(short, len(TOK), "cpu"), TOK, short, "cpu", progress=False)
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="cannot write"):
-        A.bench("cpu", quick=True, out=str(tmp_path / "file"))
+        bench("cpu", quick=True, out=str(tmp_path / "file"))
     with pytest.raises(ValueError, match="seed"):
-        A.play(envs.FLIGHT_ID, seed=-1, stream=iter([]))
+        play(envs.FLIGHT_ID, seed=-1, stream=iter([]))
 
 
 def test_the_last_loose_refusals_name_what_is_wrong(tmp_path, capsys):
@@ -1729,177 +1741,6 @@ def test_evaluation_settings_never_change_the_training_run(tmp_path, capsys):
         _, metrics = small_run(tmp_path, f"k{k}", pass_k=k, warm_start_episodes=30, sft_epochs=1)
         curves.append([{key: v for key, v in m.items() if "second" not in key} for m in metrics])
     assert curves[0] == curves[1]
-
-
-# ------------------------------------------------------------------------------------------------
-# Your own environment: --env MODULE:CLASS with no edit of the project, the contract checked (check-env)
-# ------------------------------------------------------------------------------------------------
-@pytest.fixture
-def own_env(tmp_path, monkeypatch):
-    """new-env's lending desk, written to a folder of its own that becomes the working directory: `library` there,
-    importable as `--env library:LibraryEnv` (sys.path is restored afterwards, and the test's own modules forgotten)."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    A.resolve_env.cache_clear()                        # --env strings resolve once per process: forget this test's
-    A.new_env("library")
-    yield tmp_path
-    A.resolve_env.cache_clear()
-    for name, module in list(sys.modules.items()):
-        if str(getattr(module, "__file__", "")).startswith(str(tmp_path)) or name.startswith(("broken_", "plain_env")):
-            del sys.modules[name]
-
-
-def test_an_environment_in_its_own_file_checks_trains_evaluates_shows_and_resumes_with_no_edit(own_env, monkeypatch,
-                                                                                              capsys):
-    before = {f: Path(A.__file__).with_name(f).read_bytes() for f in ("agentic_rl.py", "envs.py")}
-    assert A.check_env_command("library:LibraryEnv", episodes=20)
-    out = capsys.readouterr().out
-    assert "all rules hold" in out and "FAIL" not in out and "habit 0 1.000" in out
-    cfg = tiny_config(env="library:LibraryEnv", iterations=2, warm_start_episodes=40, sft_epochs=1, eval_episodes=8,
-                      pass_k_tasks=2, run_dir="runs/lib")
-    interrupted_run(monkeypatch, 2, cfg)                                      # Ctrl-C in iteration 2
-    A.main(["train", "--resume", "runs/lib"])
-    summary = json.loads(Path("runs/lib/summary.json").read_text())
-    assert (summary["env"], summary["env_version"], summary["reward_version"]) == \
-        ("library:LibraryEnv", "library-1", "library-state-1") and len(summary["train_success_curve"]) == 2
-    capsys.readouterr()
-    A.main(["eval", "--ckpt", "runs/lib/final.pt", "--eval-episodes", "4", "--pass-k-tasks", "1"])
-    assert json.loads(capsys.readouterr().out)["categories"].keys() <= {"first_good", "first_damaged"}
-    A.main(["show", "--ckpt", "runs/lib/final.pt", "--n", "1", "--failures"])
-    assert "=== test task" in capsys.readouterr().out
-    A.play("library:LibraryEnv", stream=iter(["find dune"]))
-    assert "library:LibraryEnv task" in capsys.readouterr().out
-    assert {f: Path(A.__file__).with_name(f).read_bytes() for f in before} == before, "nothing in the project edited"
-    from course.sandbox import project_imports       # the course's grader imports what the project's two files import
-    assert "library" not in project_imports(), "an environment of one's own never reaches the course's sandbox"
-    sys.modules.pop("library")                                                # a later session, the module elsewhere:
-    A.resolve_env.cache_clear()
-    sys.path[:] = [folder for folder in sys.path if folder != os.getcwd()]
-    monkeypatch.chdir(own_env.parent)
-    with pytest.raises(SystemExit):
-        A.main(["eval", "--ckpt", str(own_env / "runs/lib/final.pt")])
-    assert "env='library:LibraryEnv': no module named 'library' (working directory " in capsys.readouterr().err
-
-
-def broken(name: str, base, **changes):
-    """A subclass of `base` with one mistake (class attributes or methods), in a module of its own: MODULE:CLASS."""
-    module = type(sys)(f"broken_{name}")
-    setattr(module, "Env", type("Env", (base,), changes))
-    sys.modules[module.__name__] = module
-    return f"{module.__name__}:Env"
-
-
-def test_train_names_each_mistake_of_an_environment_before_it_builds_anything(own_env):
-    library = A.import_env_module("library", "library:LibraryEnv")  # from the working directory
-    lib = library.LibraryEnv
-
-    def lend_damaged_pays_minus_one(self):
-        return -1.0 if self.state.lent and self.state.lent[0][1] in self.state.damaged else lib.reward(self)
-
-    def judge_by_the_reward(env):
-        return envs.Verdict(env.unwrapped.reward() == 1.0, 0, 0, 0, "")
-
-    def no_clock(self, text):
-        return text
-    mistakes = {  # what is wrong -> what the refusal must name
-        "a rule not declared": (dict(safety_rules=(), permission_rule=staticmethod(
-            lambda task, executed, tool, args: "wrong_reader" if tool == "lend" and args[2] != task["reader"] else None)),
-            "permission_rule returned 'wrong_reader', which is not in its safety_rules"),
-        "a word missing": (dict(words=tuple(w for w in lib.words if w != "damaged")), "the word 'damaged' \\(in the "
-                                                                                    "observation '.* damaged .* left'"),
-        "max_obs_words too small": (dict(max_obs_words=5), "the longest observation has 9 words .*, above "
-                                                          "max_obs_words=5: set max_obs_words = 9 or more"),
-        "a reward of -1": (dict(reward=lend_damaged_pays_minus_one), "reward -1.0 after 'lend "),
-        "no demonstrator": (dict(Demonstrator=None), "Env.Demonstrator = None: set a class Demonstrator"),
-        "an evaluator that reads the reward": (dict(evaluate_episode=staticmethod(judge_by_the_reward)),
-                                               "evaluate_episode calls reward\\(\\)"),
-        "a task drawn from the env's generator": (dict(make_task=lambda self, task_id: library.draw_task(
-            int(self.np_random.integers(10**6)))), "make_task and split_of must be pure functions of task_id"),
-        "a split drawn from the env's generator": (dict(split_of=lambda self, task: ("train", "holdout")[
-            int(self.np_random.random() < 0.2)]), "make_task and split_of must be pure functions of task_id"),
-        "no holdout task": (dict(split_of=lambda self, task: "train"), "split_of gave {'train': "),
-        "no clock": (dict(_with_clock=no_clock), "does not end with the turns left"),
-        "a tool without its method": (dict(tool_schema={**lib.tool_schema, "renew": ("book",)}),
-                                      "tool 'renew' has no method _tool_renew"),
-        "a tool that raises": (dict(_tool_find=lambda self, book: 1 / 0), "raised ZeroDivisionError: division by zero "
-                                                                        "\\(test_agentic_rl.py line [0-9]+"),
-        "a method not written": (dict(host_view=envs.TextToolEnv.host_view), "Env does not write host_view\\(\\)"),
-        "a state without the base's fields": (dict(new_state=lambda self, task: {}), "new_state returned dict: return "
-                                                                                   "an object with the fields turns"),
-        "a budget past the clock": (dict(max_turns=50), "Env.max_turns = 50: set an int in \\[2, 40\\]"),
-        "a word with a space": (dict(words=lib.words + ("two words",)), "words must be a tuple of single words"),
-        "a lending that never ends": (dict(_tool_lend=lambda self, book, shelf, reader: ("lent", False)),
-                                      "solves 0 of its 3 train tasks \\(3 ended unsolved, 0 ran out"),
-        "an evaluator that disagrees": (dict(evaluate_episode=staticmethod(lambda env: envs.Verdict(True, 0, 0, 0, ""))),
-                                        "the evaluator and the reward disagree on [0-9]+ of the demonstrator's"),
-    }
-    for mistake, (changes, named) in mistakes.items():
-        env = broken(re.sub(r"\W", "_", mistake), lib, **changes)
-        cfg = tiny_config(env=env, run_dir=f"runs/{mistake.replace(' ', '_')}", warm_start_episodes=20)
-        with pytest.raises(ValueError, match=named):
-            A.train(cfg, progress=False)
-        assert not Path(cfg.run_dir).exists(), f"{mistake}: refused before its run directory was made"
-
-
-def test_what_is_not_a_text_tool_environment_is_refused_by_one_sentence(own_env, capsys):
-    class Plain(gym.Env):
-        observation_space = action_space = gym.spaces.Discrete(2)
-    sys.modules["plain_env"] = type(sys)("plain_env")
-    sys.modules["plain_env"].Plain, sys.modules["plain_env"].make = Plain, lambda: Plain()
-    Path("needs_more.py").write_text("import nonexistent_package_xyz\n")
-    for env, named in [("plain_env:Plain", "Plain is a gymnasium.Env but not an envs.TextToolEnv: subclass "
-                                           "envs.TextToolEnv"),
-                       ("plain_env:make", "make is not an environment class"),
-                       ("plain_env:Nothing", "module plain_env has no class or registered id 'Nothing'"),
-                       ("FxQuote-v0", "no gymnasium id of that name; use a registered one \\(AgenticRL/CodeRepair-v0, "
-                                      "AgenticRL/FlightBooking-v0, AgenticRL/Vault-v0.*\\) or MODULE:CLASS"),
-                       ("no_such_module:Env", "no module named 'no_such_module'"),
-                       ("library.py:LibraryEnv", "'library.py' is not a module's name; .*no .py: library:LibraryEnv"),
-                       ("elsewhere/library:LibraryEnv", "is not a module's name"),
-                       ("library:LibraryENV", "has no class or registered id 'LibraryENV'; its TextToolEnv classes: "
-                                              "LibraryEnv"),
-                       ("library.LibraryEnv", "for class LibraryEnv of module library, write library:LibraryEnv"),
-                       ("needs_more:Env", "importing needs_more failed: it imports nonexistent_package_xyz, which is "
-                                          "not installed here"),
-                       ("library:LibraryEnv --legs 3", "takes no `legs`")]:
-        with pytest.raises(SystemExit) as refusal:
-            A.main(["train", "--env"] + env.split())
-        assert refusal.value.code == 2 and re.search(named, capsys.readouterr().err)
-    gym.register("LendingDesk-v0", entry_point="library:LibraryEnv")  # a gymnasium id: MODULE:ID imports MODULE
-    try:
-        assert A.env_class("library:LendingDesk-v0").__name__ == "LibraryEnv"
-        assert A.validate_config(tiny_config(env="LendingDesk-v0")).env == "LendingDesk-v0"
-    finally:
-        gym.registry.pop("LendingDesk-v0")
-    with pytest.raises(ValueError, match="library:LibraryEnv takes no `injection_rate` .*drop --injection-rate"):
-        A.validate_config(tiny_config(env="library:LibraryEnv", injection_rate=0.5))
-
-
-def test_check_env_fails_a_habit_that_costs_nothing_and_notes_what_will_cost(own_env, capsys):
-    library = A.import_env_module("library", "library:LibraryEnv")
-    lib = library.LibraryEnv
-
-    class NoHabit(library.Librarian):  # checks the shelves whatever its habit
-        def reset(self, first_obs):
-            super().reset(first_obs)
-            self.blind = False
-    for changes, failed, said in [
-            (dict(Demonstrator=NoHabit), True, "the habit costs nothing, so imitation copies nothing for RL to fix"),
-            (dict(tool_cost={**lib.tool_cost, "check": 6.0}), False, "note  without its habit the demonstrator spends "
-                                                                     "[0-9.]+ credits per success, with it [0-9.]+"),
-            (dict(max_obs_words=150), False, "note  max_obs_words 150 is far above the longest observation played")]:
-        assert A.check_env_command(broken(re.sub(r"\W", "_", said[:12]), lib, **changes), 20) is not failed
-        assert re.search(said, capsys.readouterr().out)
-
-
-def test_new_env_writes_a_real_worked_episode_and_refuses_a_bad_name(own_env):
-    library = A.import_env_module("library", "library:LibraryEnv")  # from the working directory
-    test_docstring_worked_episodes_are_real_transcripts("library:LibraryEnv", 2, library.__doc__)
-    for name, named in [("Quote", "lowercase"), ("my-env", "a module name"), ("library", "exists"),
-                        ("envs", "a module named envs is already importable"), ("numpy", "already importable")]:
-        with pytest.raises(ValueError, match=named):
-            A.new_env(name)
-    assert "class MyQuoteEnv(TextToolEnv)" in A.new_env("my_quote").read_text()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1976,7 +1817,7 @@ def test_torchrun_two_cpu_ranks_keep_identical_parameters_and_rank_zero_alone_wr
     assert summary["world_size"] == 2 and len(summary["param_hashes"]) == 2
     assert summary["param_hashes"][0] == summary["param_hashes"][1], "DDP replicas diverged"
     assert sorted(p.name for p in run.iterdir()) == sorted(A.RUN_FILES)
-    assert done.stdout.count("config: ") == 1 and done.stdout.count("wrote ") == 1, "rank 1 must stay silent"
+    assert done.stdout.count("config: ") == 1 and done.stdout.count("wrote ") == 2, "rank 1 must stay silent"  # summary, page
     metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert [m["world_size"] for m in metrics] == [2, 2]
 
@@ -2171,73 +2012,10 @@ def test_errors_during_a_run_are_not_usage_errors(tmp_path, capsys):
     assert during.value.code != 2 and "holds another run" in str(during.value.code)
 
 
-def test_show_marks_the_policy_tokens_and_play_reads_a_pipe(tmp_path, capsys, monkeypatch):
-    cfg = tiny_config(group_size=4)
-    A.save_checkpoint(tmp_path / "p.pt", A.make_policy(cfg, len(TOK), "cpu"), TOK, cfg, 0)
-    A.show(str(tmp_path / "p.pt"), n=1, failures=True)
-    out = capsys.readouterr().out
-    assert "success=False" in out and "[" in out and "advantage" in out and "gate" in out
-    env = gym.make(envs.FLIGHT_ID)
-    _, info = env.reset(seed=3, options={"split": "train"})
-    t, state = info["task"], env.unwrapped.state
-    moves = [f"search {t['from']} {t['to']}", "filter morning", "book F1 nobody economy"]
-    expected = state.expected[0][0] if state.expected else None
-    moves += [f"seats {expected}", f"book {expected} {t['passenger']} {t['class']}"] if expected else ["finish"]
-    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("\n".join(moves) + "\n"))
-    A.main(["play", "--seed", "3"])
-    out = capsys.readouterr().out
-    assert "denied : bad_arguments" in out and "verdict: success=True" in out
-
-
-def test_show_prints_what_there_is_when_no_episode_succeeds(tmp_path, capsys):
-    cfg = tiny_config(group_size=2)
-    A.save_checkpoint(tmp_path / "p.pt", A.make_policy(cfg, len(TOK), "cpu"), TOK, cfg, 0)
-    A.show(str(tmp_path / "p.pt"), n=2)
-    out = capsys.readouterr().out
-    assert "only 0 successful episodes" in out and out.count("success=False") == 2
-    with pytest.raises(ValueError, match="--n"):
-        A.show(str(tmp_path / "p.pt"), n=0)
-
-
-def test_show_refuses_a_critics_advantages_from_a_value_head_never_trained_and_judges_without_outside_cuts(
-        tmp_path, capsys, monkeypatch):
-    cfg = tiny_config(group_size=2)
-    policy = A.make_policy(cfg, len(TOK), "cpu")
-    for algo, version, credit in [("grpo", 3, "gae"), ("grpo", 3, "reinforce"), ("gae", 0, ""), ("gae", 0, "gae")]:
-        A.save_checkpoint(tmp_path / "p.pt", policy, TOK, replace_cfg(cfg, algo=algo), version)
-        with pytest.raises(ValueError, match=f"{algo}, policy_version {version}\\) never trained it"):
-            A.show(str(tmp_path / "p.pt"), n=1, credit=credit)
-    A.save_checkpoint(tmp_path / "p.pt", policy, TOK, replace_cfg(cfg, algo="gae"), 2)   # after RL: its own critic
-    A.show(str(tmp_path / "p.pt"), n=1, credit="gae", failures=True)
-    assert "advantage" in capsys.readouterr().out
-    seen, real = [], A.rollout          # show's and report.html's groups are judged as evaluate judges, with no cut
-    monkeypatch.setattr(A, "rollout", lambda policy, tok, cfg, *a, **k: seen.append(cfg.time_limit) or
-                        real(policy, tok, cfg, *a, **k))
-    next(A.held_out_groups(policy, TOK, replace_cfg(cfg, time_limit=3), 0, "test", 1))
-    assert seen == [0]
-
-
 def edited_copy(default_runs, tmp_path) -> Path:
     """A copy of the finished default run, to edit as an attacker or an accident would."""
     __import__("shutil").copytree(default_runs / "runs" / "flightbooking-grpo-s0", tmp_path / "run")
     return tmp_path / "run"
-
-
-def test_show_html_refuses_a_metrics_line_whose_drawn_value_is_not_a_number(default_runs, tmp_path, capsys):
-    run = edited_copy(default_runs, tmp_path)
-    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
-    (run / "metrics.jsonl").write_text(json.dumps({**metrics[0], "iteration": "0"}) + "\n")  # was a TypeError
-    with pytest.raises(SystemExit, match="metrics.jsonl line 1: iteration is '0', not a number; restore it or move it"):
-        A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
-    (run / "metrics.jsonl").write_text(json.dumps({**metrics[0], "truncated_by": {"turn_budget": True}}) + "\n")
-    with pytest.raises(ValueError, match="line 1: turn_budget is True, not a number"):
-        A.curves_html([json.loads(line) for line in open(run / "metrics.jsonl")])
-    (run / "metrics.jsonl").write_text(json.dumps(metrics[0]) + "\n")
-    summary = json.loads((run / "summary.json").read_text())
-    del summary["release_gates"][0]["value"]                                # was a KeyError from gates_html
-    (run / "summary.json").write_text(json.dumps(summary))
-    with pytest.raises(SystemExit, match="summary.json or metrics.jsonl lacks or mangles 'value'; restore or move it"):
-        A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
 
 
 def test_resume_refuses_a_state_its_history_cannot_have_made_and_a_metrics_file_that_is_not_a_file(default_runs,
@@ -2253,225 +2031,3 @@ def test_resume_refuses_a_state_its_history_cannot_have_made_and_a_metrics_file_
     (run / "metrics.jsonl").mkdir()                                        # was an IsADirectoryError
     with pytest.raises(SystemExit, match="its metrics.jsonl is not a file; move it away"):
         A.main(["train", "--resume", str(run)])
-
-
-def test_compare_runs_every_route_from_one_warm_start(tmp_path, capsys):
-    cfg = tiny_config(iterations=1, eval_episodes=6, pass_k_tasks=2, warm_start_episodes=20, sft_epochs=1)
-    result = A.compare(cfg, [0, 1], ["grpo", "dpo"], out=str(tmp_path), progress=False)
-    saved = json.loads((tmp_path / "compare.json").read_text())
-    assert set(saved["routes"]) == {"warm start", "grpo", "dpo"} == set(result["routes"])
-    assert saved["routes"]["grpo"]["env_episodes"] == saved["routes"]["dpo"]["env_episodes"] == 16
-    assert len(saved["routes"]["grpo"]["curves"][0]) == 1
-    page = self_contained(tmp_path / "compare.html")       # compare.html: the mean and spread of each route's curves
-    drawn, rows = drawn_series(page), {e["data-route"]: page.inside(e, "td") for e in page.elements if "data-route" in e}
-    for route in ("grpo", "dpo"):
-        curves = np.array(saved["routes"][route]["curves"])                                # (seeds, iterations)
-        assert [(x, y, float(c["data-lo"]), float(c["data-hi"])) for x, y, _, c in drawn[route]] == \
-            [(x, float(np.mean(col)), float(np.min(col)), float(np.max(col))) for x, col in enumerate(curves.T)]
-    for route, r in saved["routes"].items():
-        assert [td["text"] for td in rows[route][:4]] == [route] + [f"{r[k]:.3f}" for k in ("test_success_mean", "min", "max")]
-
-
-def test_bench_quick_writes_valid_json(tmp_path, capsys):
-    report = A.bench("cpu", quick=True, out=str(tmp_path))
-    saved = json.loads((tmp_path / "bench.json").read_text())
-    assert saved == json.loads(json.dumps(report))
-    assert saved["rollout"]["kv_cache_tokens_per_s"] > 0 and saved["learner"]["ms_per_step"] > 0
-    assert 140_000 < saved["reference_unit"]["parameters"] < 155_000 and saved["peak_rss_mb"] > 0
-
-
-# ------------------------------------------------------------------------------------------------
-# Pictures: report.html, compare.html and examples --html draw exactly the records, and nothing else
-# ------------------------------------------------------------------------------------------------
-class Page(__import__("html.parser").parser.HTMLParser):
-    """Every element of a page: its tag, attributes, all the text inside it and its open ancestors."""
-
-    def __init__(self, text):
-        super().__init__()
-        self.elements, self.open = [], []
-        self.feed(text)
-
-    def handle_starttag(self, tag, attrs):
-        self.elements.append({"tag": tag, **dict(attrs), "text": "", "in": list(self.open)})
-        if tag not in ("meta", "br"):
-            self.open.append(self.elements[-1])
-
-    def handle_startendtag(self, tag, attrs):
-        self.elements.append({"tag": tag, **dict(attrs), "text": "", "in": list(self.open)})
-
-    def handle_endtag(self, tag):
-        while self.open and self.open.pop()["tag"] != tag:
-            pass
-
-    def handle_data(self, data):
-        for el in self.open:
-            el["text"] += data
-
-    def inside(self, parent, tag):
-        return [e for e in self.elements if e["tag"] == tag and any(a is parent for a in e["in"])]
-
-
-def self_contained(path) -> Page:
-    """The page opens from disk alone: no script, no link or source but a '#' anchor, nothing fetched."""
-    text = Path(path).read_text()
-    page = Page(text)
-    assert "http" not in text.lower() and "<script" not in text and "url(" not in text and "@import" not in text
-    assert all(e[a].startswith("#") for e in page.elements for a in ("src", "href") if a in e)
-    return page
-
-
-def drawn_series(page) -> dict:
-    """data-key -> the points of its line, [(x, y, cy, circle)], as drawn."""
-    return {g["data-key"]: [(int(c["data-x"]), float(c["data-y"]), float(c["cy"]), c) for c in page.inside(g, "circle")]
-            for g in page.elements if g["tag"] == "g" and "data-key" in g}
-
-
-def check_heights(points):
-    """A larger value is drawn higher (smaller cy), an equal one at the same height."""
-    for _, y1, cy1, _ in points:
-        for _, y2, cy2, _ in points:
-            assert (y1 > y2) == (cy1 < cy2) and (y1 == y2) == (cy1 == cy2)
-
-
-def check_report(run_dir, route_has_advantages=True):
-    """report.html against the run's own files: every plotted point is its metrics.jsonl value, every gate and
-    report-card line is summary.json's, and the policy tokens' log-probs are the deployed policy's own."""
-    page = self_contained(run_dir / "report.html")
-    metrics = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    series = drawn_series(page)
-    for key in ("success", "dev_success", "clip_frac", "approx_kl", "entropy", "zero_std_groups", "explained_variance",
-                "kl_ref", "kept", "dpo_loss"):
-        measured = [(m["iteration"], m[key]) for m in metrics if m.get(key) is not None]
-        assert [(x, y) for x, y, _, _ in series.get(key, [])] == measured, key
-        check_heights(series.get(key, []))
-    for key, points in series.items():
-        if key.startswith("truncated_by."):
-            assert [(x, y) for x, y, _, _ in points] == [(m["iteration"], m["truncated_by"].get(key[13:], 0)) for m in metrics]
-    assert ("truncated_by" in series) == (not any(m["truncated_by"] for m in metrics))
-    gates = [e for e in page.elements if "data-gate" in e]
-    assert [g["data-gate"] for g in gates] == [g["gate"] for g in summary["release_gates"]]
-    for row, gate in zip(gates, summary["release_gates"]):
-        cells = [td["text"] for td in page.inside(row, "td")]
-        assert cells[:3] == [gate["gate"], gate["value"], gate["rule"]] and cells[5] == ("pass" if gate["passed"] else "FAIL")
-        for cell, number in zip(cells[3:5], (gate["observed"], gate["limit"])):
-            assert cell == "\u2013" if number is None else float(cell) == pytest.approx(number, rel=1e-3, abs=1e-12)
-    reports = summary["reports"]
-    for row in (e for e in page.elements if "data-row" in e and e["data-row"] in ("success", "mean_turns", "safety_denials")):
-        cells = [td["text"] for td in page.inside(row, "td")][2:]
-        want = [reports[who][part][row["data-row"]] for part in ("dev", "test") for who in ("incumbent", "candidate")]
-        assert cells == [f"{v:.3f}" if isinstance(v, float) else str(v) for v in want]
-    policy, tok, cfg, version = A.load_checkpoint(run_dir / "final.pt", "cpu")
-    if A.untrained_critic(cfg.algo, cfg.algo, version):  # a critic route rolled back: its value head never trained
-        route_has_advantages = False
-    episodes = [e for e in page.elements if e["tag"] == "div" and e.get("class") == "episode"]
-    assert len(episodes) == min(3, summary["config"]["group_size"])
-    for ep in episodes:
-        assert ep["data-ending"] in ["terminated"] + [f"truncated by {c}" for c in A.CUTS]
-        spans = [s for s in page.inside(ep, "span") if "data-id" in s]
-        assert all(s["text"].startswith(tok.itos[int(s["data-id"])]) for s in spans)
-        ids = torch.tensor([[int(s["data-id"]) for s in spans]])
-        with torch.no_grad():
-            logp = torch.log_softmax(policy(ids)[0][0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
-        acts = [(p, s) for p, s in enumerate(spans) if "act" in s["class"]]
-        assert acts and all(float(s["data-logp"]) == pytest.approx(float(logp[p - 1]), abs=2e-4) for p, s in acts)
-        for _, s in acts:
-            if not route_has_advantages:
-                assert s["data-adv"] == "None"
-                continue
-            r, _, b = (int(c) for c in s["style"].split("rgb(")[1].rstrip(")").split(","))
-            a = float(s["data-adv"])
-            assert (a > 0) <= (r > b) and (a < 0) <= (b > r)
-
-
-def test_report_html_draws_the_records_and_changes_no_random_state(tmp_path, capsys):
-    summary, metrics = small_run(tmp_path, "r", eval_every=2, warm_start_episodes=300)  # some success: signs to draw
-    assert metrics[1]["dev_success"] is not None and "report.html" in capsys.readouterr().out
-    check_report(tmp_path / "r")
-    states = lambda: (torch.get_rng_state(), np.random.get_state()[1].tolist(), __import__("random").getstate())
-    policy, tok, cfg, version = A.load_checkpoint(tmp_path / "r" / "final.pt", "cpu")
-    before = states()
-    A.write_report(tmp_path / "alone" / "report.html", policy, tok, cfg, version)  # no records: the episodes only
-    assert all(torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(before, states()))
-    assert (tmp_path / "alone" / "report.html").read_text().count("class='episode'") == 3
-    A.main(["show", "--ckpt", str(tmp_path / "r" / "final.pt"), "--n", "1", "--html"])  # default: beside the checkpoint
-    check_report(tmp_path / "r")
-    (tmp_path / "file").write_text("")
-    with pytest.raises(SystemExit, match="--html"):
-        A.main(["examples", "--html", str(tmp_path / "file" / "examples.html")])
-
-
-def test_examples_html_draws_the_worked_mask_and_group(tmp_path, capsys):
-    A.main(["examples", "--html", str(tmp_path / "ex.html")])
-    page = self_contained(tmp_path / "ex.html")
-    mask = [int(e["data-mask"]) for e in page.elements if "data-mask" in e]
-    assert len(mask) == 180 and sum(mask) == 60
-    chips = [(e["data-algo"], float(e["data-adv"])) for e in page.elements if "data-algo" in e]
-    assert chips == [(algo, a) for ep in A.worked_group()[0] for _, g, s in ep for algo, a in (("grpo", g), ("stepgroup", s))]
-
-
-def markup(where: str) -> str:
-    """Markup that would run script in a browser if a page drew it live; `where` names the field it was planted in."""
-    return f"<script>alert(1)</script><img src=x onerror=alert(1) data-plant='{where}'>"
-
-
-def planted(record, where=""):
-    """A JSON record with every value (numbers too) and every category name replaced by a plant naming its place."""
-    if isinstance(record, dict):
-        return {markup(f"{where}.{k}") if where.endswith("categories") else k: planted(v, f"{where}.{k}".lstrip("."))
-                for k, v in record.items()}
-    if isinstance(record, list):
-        return [planted(v, f"{where}.{i}") for i, v in enumerate(record)]
-    return markup(where)
-
-
-def nothing_live(path, drawn) -> str:
-    """The page runs nothing it was handed: no script, no element and no attribute a plant brought; yet each place
-    in `drawn` was drawn, as text (so the page did read the planted field). Returns the page's text."""
-    page = self_contained(path)  # no "<script" anywhere in the file
-    assert not [e for e in page.elements if e["tag"] in ("script", "img") or any(a.startswith("on") or a == "data-plant"
-                                                                                 for a in e)], "live planted markup"
-    text = __import__("html").unescape(Path(path).read_text())
-    assert [w for w in drawn if markup(w) not in text] == [], "these planted fields were not drawn at all"
-    return text
-
-
-def test_no_page_runs_markup_planted_in_the_files_it_draws(default_runs, tmp_path, capsys):
-    """show --html reads back summary.json, metrics.jsonl and the checkpoint's config from a run directory anyone
-    can edit (here one whose very name is markup); compare.html and the episodes draw records and words. Markup
-    planted in every field of them comes out as text, never as an element or attribute that runs."""
-    run = tmp_path / "<img src=x onerror=alert('run-dir')>"
-    __import__("shutil").copytree(default_runs / "runs" / "flightbooking-grpo-s0", run)
-    summary = json.loads((run / "summary.json").read_text())
-    (run / "summary.json").write_text(json.dumps(planted(summary)))
-    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
-    (run / "metrics.jsonl").write_text("".join(json.dumps({**m, markup("key"): markup("value"), "truncated_by":
-                                               {**m["truncated_by"], markup("cut"): 1}}) + "\n" for m in metrics))
-    ckpt = torch.load(run / "final.pt", weights_only=True)
-    ckpt["config"]["run_dir"] = str(run) + markup("config.run_dir")  # the only free-text setting (the rest are choices)
-    torch.save(ckpt, run / "final.pt")
-    A.main(["show", "--ckpt", str(run / "final.pt"), "--n", "1", "--html"])
-    gates = [f"release_gates.{i}.{key}" for i in range(len(summary["release_gates"]))
-             for key in ("gate", "value", "rule", "observed", "limit")]
-    text = nothing_live(run / "report.html", ["config.run_dir", "deployed.is", "deployed.test_success",
-                                              "warm_start.test_success", "wall_seconds", "promotion_reason", *gates,
-                                              "reports.incumbent.dev.success", "reports.candidate.test.ci95.0"])
-    assert "onerror=alert('run-dir')" in text and markup("reports.incumbent.dev.categories.seats") in text
-
-    tok = A.Tokenizer([markup("word")])                   # an observation, an action, a gate's reason, a cut's name
-    word = tok.stoi[markup("word")]
-    ep = make_episode("planted", turns=[make_turn([tok.obs, word, tok.act], [word, tok.eoa], truncated=True,
-                                                  truncated_by=markup("cut"))])
-    ep.turns[0].gate_allowed, ep.turns[0].gate_reason = False, markup("gate")
-    A.write_page(tmp_path / "episode.html", "--html", markup("title"), A.episode_html(ep, tok, None, 1.0, 8, markup("caption")))
-    nothing_live(tmp_path / "episode.html", ["word", "cut", "gate", "title", "caption"])
-
-    record = {"test_success_mean": 0.5, "min": 0.5, "max": 0.5, "pass^k_mean": 0.5, "wall_seconds_mean": 1.0,
-              "per_seed": [{"success": 0.5, "first_at_0.9": 1}]}
-    result = planted({"env": envs.FLIGHT_ID, "seeds": [0], "iterations": 2, "episodes_per_iteration": 4,
-                      "eval_episodes": 4, "config": {"pass_k": 1}, "routes": {"grpo": record}})
-    result["routes"] = {markup("route"): {**result["routes"]["grpo"], "curves": [[0.5, 1.0]]}}  # drawn as numbers
-    A.write_compare(tmp_path / "compare.html", result)
-    nothing_live(tmp_path / "compare.html", ["route", "env", "seeds.0", "iterations", "episodes_per_iteration",
-                                             "eval_episodes", "config.pass_k", *(f"routes.grpo.{key}" for key in record if key != "per_seed"),
-                                             "routes.grpo.per_seed.0.success", "routes.grpo.per_seed.0.first_at_0.9"])

@@ -54,7 +54,9 @@ def rerun(settings: dict, seconds: float, bug=None) -> dict:
         if bug:
             script = Path(folder) / "agentic_rl.py"
             script.write_text(plant((course.REPO / "agentic_rl.py").read_text(), bug))
-            shutil.copy(course.REPO / "envs.py", Path(folder) / "envs.py")
+            for name in ("envs.py", "envload.py", *(f"tools/{p.name}" for p in (course.REPO / "tools").glob("*.py"))):
+                (Path(folder) / name).parent.mkdir(exist_ok=True)
+                shutil.copy(course.REPO / name, Path(folder) / name)
         threaded = f"import runpy, sys, torch; torch.set_num_threads(1); sys.argv[0] = {str(script)!r}; " \
                    f"sys.path.insert(0, {str(script.parent)!r}); runpy.run_path({str(script)!r}, run_name='__main__')"
         subprocess.run([sys.executable, "-c", threaded, "train", *flags, "--device", "cpu", "--run-dir", f"{folder}/run"],

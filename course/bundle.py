@@ -41,7 +41,8 @@ def installation_files() -> list:
     against them and compiles its visible checks from test_agentic_rl.py) and this package, less its tests."""
     package = sorted(f"course/{p.name}" for p in (course.REPO / "course").glob("*.py")
                      if not p.name.startswith(("test_", "conftest")))
-    return ["agentic_rl.py", "envs.py", "test_agentic_rl.py", "requirements.txt", *package]
+    tools = sorted(f"tools/{p.name}" for p in (course.REPO / "tools").glob("*.py") if not p.name.startswith("test_"))
+    return ["agentic_rl.py", "envs.py", "envload.py", "test_agentic_rl.py", "requirements.txt", *tools, *package]
 
 
 def write_autograder(path, only=None, silent_bug=None, hidden_seed=None, rerun: float = 0.0) -> list:

@@ -9,6 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import course
 from course.audit import audit
 from course.checks import EXPERIMENT_CHECKS, HIDDEN, HOMEWORK, NotChecked
 from course.exercises import (ANSWER_FIELDS, CALLBACKS, EXERCISE_FILE, EXERCISES, EXPERIMENTS, READ_BY_A_PERSON,
@@ -118,6 +119,7 @@ def files_for(ex: str, submission: dict, problems: dict):
         if problems[name] and name == EXERCISE_FILE[ex]:
             return problems[name][0], f"{name} cannot be graded: {problems[name][1]}"
         files[name] = handout_text(name) if problems[name] else submission[name][0]
+    files["envload.py"] = (course.REPO / "envload.py").read_text()  # imported by agentic_rl.py, never submitted
     return files
 
 

@@ -10,7 +10,9 @@ from course.ids import MAKE_A_SECRET, SECRET_ENV, new_handout, strong_secret, st
 from course.lesson import CLOCK_SETTINGS, README_SEEDS
 
 
-HANDOUT_FILES = ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "README.md", "requirements.txt", ".ci/run")
+HANDOUT_FILES = ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "README.md", "requirements.txt", ".ci/run", "envload.py",
+                 "library.py", *(f"tools/{p.name}" for p in sorted((course.REPO / "tools").glob("*.py"))))  # the lesson's
+# own files (envs.py and agentic_rl.py, whose marked regions are blanked) and what its command line needs beside it
 STRIPPED = {"README.md": "<!-- {} ANSWER -->"}  # regions kept from handouts
 
 

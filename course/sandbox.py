@@ -586,7 +586,9 @@ def project_imports() -> str:
                 names |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 names.add(node.module)
-    return "\n".join(f"import {n}" for n in sorted(names - {"__future__", "agentic_rl", "envs"}))
+    own = {"__future__", "agentic_rl", "envs", "envload", "tools"}  # the project's own modules, never imported here:
+    # envload and the tools import envs or agentic_rl, which would then be the reference's in place of the student's
+    return "\n".join(f"import {n}" for n in sorted(n for n in names if n.split(".")[0] not in own))
 
 
 class GradeTimeout(Exception):

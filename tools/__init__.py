@@ -1,0 +1,10 @@
+"""The tools around the lesson: agentic_rl.py's command line imports each one when its command runs, and
+nothing in the lesson imports them (envs.py <- envload.py <- agentic_rl.py <- tools <- course/).
+
+    envcheck   check-env, new-env: the environment contract checked by playing; the lending desk copied
+    views      show, play, and the pages: report.html, compare.html, examples --html
+    examples   the chapter's worked examples, computed by the functions training uses
+    compare    every route from one warm start, on the same held-out tasks
+    bench      speed and memory
+Their tests live beside them (test_tools.py).
+"""
