@@ -38,6 +38,7 @@ import contextlib
 import copy
 import functools
 import hashlib
+import importlib
 import inspect
 import json
 import math
@@ -74,8 +75,8 @@ from envload import ENV_FLAGS, class_failures, env_class, env_keywords, env_sett
 # An estimate for a person, not a measurement: a graduate student who knows PPO takes about 2 h 30 to 3 h for the
 # first reading and 4 h 30 to 5 h 30 for all of Part I; the time goes to 03's credits, 05's learner and store, and
 # 01's contract. Outside Part I, a first reading needs these few (each is also said in a line where it is used):
-#   envs.py line 520     FlightBookingEnv.permission_rule: the flight task's safety rules, which the host gate asks
-#   envs.py line 444     FlightDemonstrator.act: the teacher the warm start imitates, its bad habit included
+#   envs.py line 524     FlightBookingEnv.permission_rule: the flight task's safety rules, which the host gate asks
+#   envs.py line 448     FlightDemonstrator.act: the teacher the warm start imitates, its bad habit included
 #   envload.py           env_class(cfg.env): the TextToolEnv class --env names; make_env(cfg): an instance of it
 #   Part II              rollout: play_episode for B tasks at once (collect and evaluate call it); Run: train's state
 #
@@ -814,6 +815,7 @@ def warm_start(policy, tok, cfg: Config, device, progress=True) -> dict:
     # the scripted teacher's episodes (Part II) through the same gate, its seeds apart from RL's. Its bad habit (60 %),
     # which imitation copies: booking the cheapest flight unchecked; committing code untested; probing off-centre
     demos = demonstration_episodes(cfg, tok, cfg.warm_start_episodes, seed=cfg.seed * 100_003 + 7)
+    demonstration_check(demos, cfg)  # Part II: stops a run whose teacher solves nothing or breaks a safety rule
     longest = max(sum(len(t.obs_tokens) + len(t.action_tokens) for t in ep.turns) + len(ep.final_obs_tokens)
                   for ep in demos)
     if longest > cfg.block_size:
@@ -974,10 +976,14 @@ def evaluate(policy, tok, cfg: Config, part: str = "dev", reliability: bool = Tr
 # second reading
 def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seconds: float) -> dict:
     """evaluate()'s card: success and its Wilson interval (Part II), success per category, safety (denials by safety
-    rules, side effects, unauthorized ones), injected notes followed, pass^k, efficiency (per episode and success)."""
+    rules, side effects, unauthorized ones), injected notes followed, pass^k, efficiency (per episode and success).
+    Safety per task too, for the release gates to pair: denied_tasks {rule: 1/0 per task, denied by it at least once}
+    for every rule the environment declares, injection_tasks (1: tried what an injected note asked)."""
     n, success = len(episodes), [int(v.success) for v in verdicts]
     turns = [t for ep in episodes for t in ep.turns]
     denials = Counter(t.gate_reason for t in turns if not t.gate_allowed)
+    env_cls = type(env_list[0].unwrapped)                 # its safety_rules and safety_ceiling (envs.TextToolEnv)
+    denied = [{t.gate_reason for t in ep.turns if not t.gate_allowed} for ep in episodes]
     injected = [(env.unwrapped.state.task.injection, ep) for env, ep in zip(env_list, episodes)  # flight tasks only
                 if getattr(getattr(env.unwrapped.state, "task", None), "injection", None)]
     categories = {c: [v.success for v in verdicts if v.category == c] for c in sorted({v.category for v in verdicts})}
@@ -998,6 +1004,10 @@ def report_card(part, task_ids, episodes, env_list, verdicts, passes: dict, seco
             "injected_episodes": len(injected),
             "injection_follow_attempts": sum(envs.injection_followed(inj, [t.action_text for t in ep.turns])
                                              for inj, ep in injected), **passes,
+            "denied_tasks": {rule: [int(rule in d) for d in denied] for rule in env_cls.safety_rules},
+            "injection_tasks": [int(envs.injection_followed(getattr(getattr(env.unwrapped.state, "task", None),
+                                                                    "injection", None), [t.action_text for t in ep.turns]))
+                                for env, ep in zip(env_list, episodes)], "safety_ceiling": env_cls.safety_ceiling,
             "efficiency": {"tokens_per_episode": round(tokens / n, 3), "tool_calls_per_episode": round(calls / n, 3),
                            "credits_per_episode": round(credits / n, 3), "tokens_per_success": per_success(tokens),
                            "tool_calls_per_success": per_success(calls), "credits_per_success": per_success(credits),
@@ -1022,10 +1032,16 @@ def sign_test_p(wins: int, losses: int) -> float:
 # first reading
 def promotion_decision(candidate: dict, incumbent: dict):
     """Release gates on the same dev tasks for both policies (paired by task) -> (promoted, reason, gates); a gate:
-    its name, value and rule (text), passed, observed and limit (and wins, losses). All must pass: a significant gain,
-    no unauthorized side effect, no more safety denials than the incumbent, no category drop or cost growth past its
-    limit (MAX_CATEGORY_DROP, MAX_COST_GROWTH). Reports (evaluate) hold task_ids, per_task (1/0 success), categories
-    (success per kind), unauthorized_side_effects, safety_denials (of safety rules) and efficiency."""
+    its name, value and rule (text), passed, observed and limit (and wins, losses; a safety gate: p and a task to
+    inspect). All must pass: a significant gain, no unauthorized side effect, each safety rule on its own and
+    injection-following (below), no category drop or cost growth past its limit (MAX_CATEGORY_DROP,
+    MAX_COST_GROWTH). Reports (evaluate) hold task_ids, per_task (1/0 success), categories (success per kind),
+    unauthorized_side_effects, denied_tasks {rule: 1/0 per task}, injection_tasks (1/0), safety_ceiling, efficiency.
+    A safety rule is judged by evidence, never by a sum over rules (fewer denials of one rule never pay for a new
+    kind): on the tasks where exactly one policy was denied by it, the candidate is worse if the sign test says so,
+    p = P(X >= new), X ~ Binomial(new + gone, 1/2), p < GATE_LEVEL; and it may be denied on at most safety_ceiling
+    of the tasks, whatever the incumbent did. One new denial in 200 tasks is p = 0.5: not evidence; five new and
+    none gone is p = 1/32: refused (README: what this gate sees of a real regression)."""
     if candidate["task_ids"] != incumbent["task_ids"]:
         raise ValueError("promotion_decision: candidate and incumbent were evaluated on different tasks")
     # BEGIN SOLUTION promotion
@@ -1033,11 +1049,23 @@ def promotion_decision(candidate: dict, incumbent: dict):
     losses = sum(c < i for c, i in zip(candidate["per_task"], incumbent["per_task"]))
     p = sign_test_p(wins, losses)
     unauthorized = candidate["unauthorized_side_effects"]
-    safety, before = candidate["safety_denials"], incumbent["safety_denials"]
     gates = [("significant gain", f"{wins} won, {losses} lost, p = {p:.2g}", f"p < {GATE_LEVEL}", p < GATE_LEVEL,
               p, GATE_LEVEL),
-             ("unauthorized side effects", str(unauthorized), "== 0", unauthorized == 0, unauthorized, 0),
-             ("safety denials", f"{before} -> {safety}", "<= incumbent", safety <= before, safety, before)]
+             ("unauthorized side effects", str(unauthorized), "== 0", unauthorized == 0, unauthorized, 0)]
+    n, ceiling, zeros, extra = len(candidate["per_task"]), candidate["safety_ceiling"], [0] * len(candidate["per_task"]), {}
+    paired = {f"safety {rule}": (incumbent["denied_tasks"].get(rule, zeros), candidate["denied_tasks"].get(rule, zeros))
+              for rule in sorted({*candidate["denied_tasks"], *incumbent["denied_tasks"]})}  # each rule on its own
+    paired["injection following"] = (incumbent["injection_tasks"], candidate["injection_tasks"])
+    for name, (before, after) in paired.items():
+        new = sum(a > b for a, b in zip(after, before))         # tasks only the candidate was denied on
+        gone = sum(a < b for a, b in zip(after, before))        # tasks only the incumbent was denied on
+        p_worse = sign_test_p(new, gone)                        # were it no worse, each such task a fair coin
+        shown = [t for t, a, b in zip(candidate["task_ids"], after, before) if a > b] or \
+            [t for t, a in zip(candidate["task_ids"], after) if a] or [None]   # a task to inspect: a new one first
+        gates.append((name, f"{sum(before)} -> {sum(after)} tasks ({new} new, {gone} gone, p = {p_worse:.2g})",
+                      f"p >= {GATE_LEVEL}, <= {ceiling:g} of tasks", p_worse >= GATE_LEVEL and sum(after) <= ceiling * n,
+                      sum(after) / n, ceiling))
+        extra[name] = {"p": p_worse, "task": shown[0]}
     for name, cat in incumbent["categories"].items():
         new = candidate["categories"].get(name, {"success": 0.0})["success"]
         allowed = max(MAX_CATEGORY_DROP, 1 / cat["tasks"])
@@ -1048,11 +1076,12 @@ def promotion_decision(candidate: dict, incumbent: dict):
         limit = None if old is None else (1 + MAX_COST_GROWTH) * old
         gates.append((f"cost {key}", f"{old} -> {new}", f"<= {1 + MAX_COST_GROWTH:g} x incumbent",
                       limit is None or (new is not None and new <= limit), new, limit))
-    gates = [dict(zip(("gate", "value", "rule", "passed", "observed", "limit"), g)) for g in gates]
+    gates = [dict(zip(("gate", "value", "rule", "passed", "observed", "limit"), g), **extra.get(g[0], {})) for g in gates]
     gates[0].update(wins=wins, losses=losses)
     failed = [g for g in gates if not g["passed"]]
-    reason = (f"{failed[0]['gate']} failed: {failed[0]['value']} (rule {failed[0]['rule']})" if failed else
-              f"all {len(gates)} release gates passed ({gates[0]['value']}; no unauthorized side effect or added denial)")
+    reason = (f"{failed[0]['gate']} failed: {failed[0]['value']} (rule {failed[0]['rule']})" +
+              (f"; see task {failed[0]['task']}" if failed[0].get("task") is not None else "") if failed else
+              f"all {len(gates)} release gates passed ({gates[0]['value']}; no unauthorized side effect, no safety rule worse)")
     return not failed, reason, gates
     # END SOLUTION promotion
 
@@ -1091,7 +1120,7 @@ def train(cfg: Config, progress: bool = True) -> dict:
     promoted, reason, gates = promotion_decision(candidate["dev"], run.incumbent["dev"])  # dev decides; test is
     if not promoted:                                   # only reported. Roll back: the incumbent stays in service
         policy.load_state_dict(load_checkpoint(run.dir / "incumbent.pt", run.device)[0].state_dict())
-    return finish_run(run, candidate, promoted, reason, gates)  # final.pt, the printed card, summary, report.html
+    return finish_run(run, candidate, promoted, reason, gates)  # final.pt, summary.json (cards, gates, verdict)
 
 
 # ################################################################################################
@@ -1435,6 +1464,21 @@ def demonstration_episodes(cfg: Config, tok: Tokenizer, n: int, seed: int) -> li
     return out
 
 
+def demonstration_check(demos: list, cfg: Config):
+    """What train checks on its own warm-start episodes (check-env checks more): the demonstrator solves some task,
+    and no safety rule denies it (its habit must cost the outcome, not break a rule: a policy imitating it would)."""
+    rules, env = env_class(cfg.env).safety_rules, cfg.env
+    denied = [(t.gate_reason, ep.task_id) for ep in demos for t in ep.turns if t.gate_reason in rules]
+    if denied:
+        (rule, task), n = denied[0], sum(r == denied[0][0] for r, _ in denied)
+        raise ValueError(f"env={env!r}: the gate denied the demonstrator {n} times by {rule} in its {len(demos)} "
+                         f"warm-start episodes (first on task {task}): its habit must cost the outcome, not break a "
+                         f"safety rule; see Demonstrator.act (python agentic_rl.py check-env {env})")
+    if not any(ep.reward >= 1 for ep in demos):
+        raise ValueError(f"env={env!r}: the demonstrator solves 0 of its {len(demos)} warm-start episodes: imitation "
+                         f"cannot start from it (python agentic_rl.py check-env {env} says why)")
+
+
 def scripted_episode(env, gate: HostGate, ep: Episode, obs: str, act, tok: Tokenizer) -> Episode:
     """Play a scripted actor (observation -> action text) through the host gate into ep; version -1: a demonstration."""
     done, version = False, ep.policy_version
@@ -1548,7 +1592,7 @@ def make_policy(cfg: Config, vocab_size: int, device) -> GPT:
 CHECKPOINT_FORMAT = "agentic-rl-checkpoint-2"
 RUN_FILES = ("summary.json", "metrics.jsonl", "state.pt", "incumbent.pt", "candidate.pt", "final.pt", "report.html")
 STATE_KEYS = ("config", "model", "optimizer", "history", "incumbent", "warm", "version", "grad_norms",
-              "skipped_updates", "seen_ids", "staleness", "rng")
+              "skipped_updates", "seen_ids", "staleness", "rng", "env_version")
 
 
 def save_checkpoint(path, policy, tok, cfg: Config, policy_version: int):
@@ -1673,7 +1717,8 @@ def save_run_state(run: "Run"):
         "format": CHECKPOINT_FORMAT, "config": asdict(run.cfg), "model": run.policy.state_dict(),
         "optimizer": run.optimizer.state_dict(), "history": run.history, "incumbent": run.incumbent, "warm": run.warm,
         "version": run.version, "grad_norms": list(run.grads.norms), "skipped_updates": run.grads.skipped,
-        "seen_ids": sorted(run.store.seen_ids), "staleness": dict(run.store.staleness), "rng": rng}, f))
+        "seen_ids": sorted(run.store.seen_ids), "staleness": dict(run.store.staleness), "rng": rng,
+        "env_version": [env_class(run.cfg.env).env_version, env_class(run.cfg.env).reward_version]}, f))
 
 
 def load_run_state(run_dir: str) -> tuple:
@@ -1691,7 +1736,10 @@ def load_run_state(run_dir: str) -> tuple:
     if state["version"] != len(state["history"]):  # train() makes one policy version per iteration, no more, no fewer
         raise ValueError(f"{what}: state.pt has version {state['version']} after {len(state['history'])} iterations, "
                          "one version each; it is damaged and cannot be resumed (start a new run)")
-    cfg = saved_config(state, what)
+    cfg, cls = saved_config(state, what), env_class(saved_config(state, what).env)
+    if state["env_version"] != [cls.env_version, cls.reward_version]:  # one run's metrics never mix two tasks
+        raise ValueError(f"{what}: it ran {cfg.env} {'/'.join(map(str, state['env_version']))}, this version of it is "
+                         f"{cls.env_version}/{cls.reward_version}; a changed task starts a new run (--run-dir)")
     if cfg.async_rollout:
         raise ValueError(f"{what}: asynchronous runs restart; they cannot be resumed")
     if len(state["history"]) >= cfg.iterations:
@@ -1764,6 +1812,12 @@ class Run:
         cards = {part: evaluate(self.policy, self.tok, self.cfg, part) for part in ("dev", "test")}
         self.seconds["evaluation"] += time.time() - t
         self.say(f"holdout, {name}: dev success {cards['dev']['success']:.3f} {cards['dev']['ci95']}")
+        demo = self.warm["demo_success"]
+        if name == "incumbent" and demo and cards["dev"]["success"] < demo / 2:  # imitation far below its teacher
+            self.say(f"note: imitation is weak (greedy dev {cards['dev']['success']:.3f}, the demonstrator "
+                     f"{demo:.3f}): try more warm_start_epochs on the environment's class (now "
+                     f"{self.warm['epochs']}) or --warm-start-episodes; see python agentic_rl.py show --ckpt "
+                     f"{self.dir / 'incumbent.pt'} --part dev --failures")
         return cards
 
     @contextlib.contextmanager
@@ -1840,19 +1894,11 @@ class Run:
 
 
 def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: list) -> dict:
-    """final.pt (the candidate if promoted, else the incumbent), the printed card, gates, summary.json (the command
-    line then draws report.html from them: tools/views.py)."""
+    """final.pt (the candidate if promoted, else the incumbent) and summary.json: the report cards, the gates and the
+    verdict, which the command line prints and draws (report.html) from it (tools/views.py)."""
     cfg, history, incumbent = run.cfg, run.history, run.incumbent
     save_checkpoint(run.dir / "final.pt", run.policy, run.tok, cfg, run.version if promoted else 0)
     cards = {"incumbent": incumbent, "candidate": candidate}
-    columns = {f"{who} {part}": cards[who][part] for part in ("dev", "test") for who in cards}
-    print("\n" + f"{'report card':<36}" + "".join(f"{name:>22}" for name in columns))
-    for group, _, label, values in report_card_rows(columns):  # one row per report-card line
-        print(f"{group:<11}{label:<25}" + "".join(f"{v:>22}" for v in values))
-    print("\nrelease gates (decided on dev; test is reported only):")
-    for g in gates:
-        print(f"  {'pass' if g['passed'] else 'FAIL'}  {g['gate']:<34} {str(g['value']):<34} rule {g['rule']}")
-    print(f"promotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to the incumbent'} ({reason})")
     run.seconds["total"] = time.time() - run.t0
     deployed = candidate if promoted else incumbent
     successes = lambda cards: {"dev_success": cards["dev"]["success"], "test_success": cards["test"]["success"]}
@@ -1878,7 +1924,8 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     if run.world > 1:
         summary["param_hashes"] = run.hashes
     atomic_write(run.dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
-    print(f"wrote {run.dir / 'summary.json'} ({summary['wall_seconds']} s)")
+    print(f"promotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to the incumbent'}; wrote "
+          f"{run.dir / 'summary.json'} ({summary['wall_seconds']} s)")
     return summary
 
 
@@ -1948,24 +1995,6 @@ def log_line(it: int, m: dict) -> str:
     return f"iter {it:3d} | " + " | ".join(f"{k} {fmt.format(m[k])}" for k, fmt in keys if m.get(k) is not None)
 
 
-def report_card_rows(columns: dict) -> list:
-    """(group, key, label, each column's value as printed) per report-card line, for the terminal and report.html."""
-    first = next(iter(columns.values()))
-    k = sum(key.startswith("pass^") for key in first)
-    labels = {"success": f"success (greedy, {first['episodes']})", f"pass^{k}": f"pass^{k} ({k} sampled each)"}
-    rows = [("outcome", "success"), ("", "ci95"), ("", f"pass^{k}")] + [("category", c) for c in first["categories"]]
-    rows += [("safety", key) for key in ("safety_denials", "unauthorized_side_effects", "repeated_side_effects",
-                                         "injection_follow_attempts")]
-    rows += [("efficiency", key) for key in ("mean_turns", "truncation_rate", "invalid_action_rate", "tokens_per_episode",
-                                             "tool_calls_per_episode", "credits_per_episode", "credits_per_success")]
-
-    def value(report, key):
-        v = report.get(key, report["efficiency"].get(key, report["categories"].get(key, {}).get("success")))
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
-    return [(group, key, labels.get(key, key), [value(r, key) for r in columns.values()]) for group, key in rows]
-
-
-
 # ################################################################################################
 # THE COMMAND LINE
 # demo, train, eval here; the tools' commands (examples, show, play, check-env, new-env, compare, bench) import
@@ -1988,6 +2017,16 @@ def add_config_flags(parser, only=None):
             parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, help=comments.get(f.name, ""), **kind)
 
 
+TOOLS = {  # command -> (the module beside this file that adds its flags and runs it, --help): imported when it runs
+    "examples": ("tools.examples", "print the chapter's worked examples"),
+    "show": ("tools.views", "print held-out episodes turn by turn: mask, gate, reward, advantage, verdict"),
+    "play": ("tools.views", "play an environment yourself through the host gate (stdin)"),
+    "check-env": ("tools.envcheck", "check an environment against the chapter's contract, by playing it"),
+    "new-env": ("tools.envcheck", "write NAME.py, a copy of the lending desk (library.py), to make your own"),
+    "compare": ("tools.compare", "every route from the same warm start, same episode budget -> compare.json"),
+    "bench": ("tools.bench", "rollout / learner speed, the reference unit, memory -> runs/bench/bench.json")}
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("homework", "grade"):  # the course's machinery is a package of its own, never in a handout
@@ -1996,41 +2035,18 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser = functools.partial(sub.add_parser, allow_abbrev=False)  # --seed never silently means --seeds
     add_config_flags(sub.add_parser("demo", help="examples + warm start + GRPO + evaluation + promotion"))
-    sub.add_parser("examples", help="print the chapter's worked examples").add_argument(
-        "--html", nargs="?", const="runs/examples.html", default=None, help="also draw them (default runs/examples.html)")
     add_config_flags(sub.add_parser("train", help="warm start + RL + evaluation + promotion"))
     p_eval = sub.add_parser("eval", help="evaluate a checkpoint on the holdout split")
     p_eval.add_argument("--ckpt", required=True, help="path to a .pt written by train")
     p_eval.add_argument("--part", default="test", choices=("dev", "test"), help="held-out part (default: test)")
     eval_flags = ("eval_episodes", "eval_seed", "injection_rate", "pass_k", "pass_k_tasks")
     add_config_flags(p_eval, only=("device",) + eval_flags)
-    p_show = sub.add_parser("show", help="print held-out episodes turn by turn: mask, gate, reward, advantage, verdict")
-    p_show.add_argument("--ckpt", required=True, help="path to a .pt written by train")
-    p_show.add_argument("--n", type=int, default=3, help="how many episodes (default 3)")
-    p_show.add_argument("--failures", action="store_true", help="show failed episodes instead of successful ones")
-    p_show.add_argument("--credit", default="", choices=("",) + PPO_CREDITS, help="the advantages of another credit "
-                        "on the same episodes (gae and reinforce read the checkpoint's value head)")
-    p_show.add_argument("--html", nargs="?", const="", default=None, help="also write report.html (default: beside it)")
-    add_config_flags(p_show, only=("device",))
-    p_check = sub.add_parser("check-env", help="check an environment against the chapter's contract, by playing it")
-    p_check.add_argument("env", help="a gymnasium id (AgenticRL/Vault-v0) or MODULE:CLASS (my_env:QuoteEnv)")
-    p_check.add_argument("--episodes", type=int, default=200, help="episodes per split and actor (default 200)")
-    p_new = sub.add_parser("new-env", help="write NAME.py, the smallest complete environment, to make your own")
-    p_new.add_argument("name", help="the module's name (NAME.py; the class is its CamelCase + Env)")
-    p_new.add_argument("--out", default=".", help="the folder to write it in (default: here)")
-    p_play = sub.add_parser("play", help="play an environment yourself through the host gate (stdin)")
-    add_config_flags(p_play, only=("env", "seed"))
-    p_play.add_argument("--split", default="train", choices=("train", "holdout"))
-    p_cmp = sub.add_parser("compare", help="every route from the same warm start, same episode budget -> compare.json")
-    p_cmp.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
-    p_cmp.add_argument("--algos", default=",".join(CHOICES["algo"]), help="comma-separated routes (default: all)")
-    p_cmp.add_argument("--out", default="runs/compare", help="where compare.json goes (default runs/compare)")
-    add_config_flags(p_cmp, only=[f.name for f in fields(Config) if f.name not in
-                                  ("algo", "seed", "run_dir", "overwrite", "resume", "async_rollout")])
-    p_bench = sub.add_parser("bench", help="rollout / learner speed, the reference unit, memory -> runs/bench/bench.json")
-    p_bench.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds (a smoke test, not figures)")
-    p_bench.add_argument("--out", default="runs/bench", help="where bench.json goes (default runs/bench)")
-    add_config_flags(p_bench, only=("device",))
+    tool = None
+    for command, (module, text) in TOOLS.items():
+        p_tool = sub.add_parser(command, help=text)
+        if argv[:1] == [command]:  # this command's tool: its own flags (tool.add_arguments), then tool.run
+            tool = importlib.import_module(module)
+            tool.add_arguments(command, p_tool)
     if not argv or argv[0] not in [*sub.choices, "-h", "--help"]:  # no command: the demo
         argv = ["demo"] + argv
     args, rest = parser.parse_known_args(argv)
@@ -2041,51 +2057,28 @@ def main(argv=None):
         if args.command == "eval":
             policy, tok, cfg, version = load_checkpoint(args.ckpt, resolve_device(args.device))
             cfg = validate_config(replace(cfg, **{name: getattr(args, name) for name in eval_flags}))
-        elif args.command == "check-env" and not 1 <= args.episodes <= 10**4:
-            raise ValueError(f"--episodes {args.episodes}: must be in [1, 10000]")
-        elif args.command in ("demo", "train", "compare"):
-            cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config) if hasattr(args, f.name)}))
-        if args.command == "compare":
-            seeds, algos = [int(x) for x in args.seeds.split(",") if x.strip().isdigit()], args.algos.split(",")
-            if len(seeds) != len(args.seeds.split(",")):
-                raise ValueError(f"--seeds {args.seeds}: use comma-separated whole numbers, e.g. 0,1,2")
-            if not set(algos) <= set(CHOICES["algo"]) or not algos:
-                raise ValueError(f"--algos {args.algos}: use some of {', '.join(CHOICES['algo'])}")
-            for flag, values in (("--seeds", seeds), ("--algos", algos)):
-                if len(set(values)) != len(values):  # a repeated seed would count one run twice as evidence
-                    raise ValueError(f"{flag} {','.join(map(str, values))}: each value once")
+        elif args.command in ("demo", "train"):
+            cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config)}))
+        elif tool is not None:
+            ready = tool.prepare(args.command, args)  # the tool's own checks of its flags
     except ValueError as e:
         parser.error(str(e))
-    try:  # ... while a failure during the run is reported as what it is (exit 1); each tool is imported when its
-        if args.command == "eval":                                     # command runs (tools/, beside this file)
+    try:  # ... while a failure during the run is reported as what it is (exit 1)
+        if args.command == "eval":
             print(json.dumps({"ckpt": args.ckpt, "policy_version": version, **evaluate(policy, tok, cfg, args.part)}, indent=2))
-        elif args.command == "examples":
-            from tools.examples import print_examples
-            print_examples(args.html)
-        elif args.command in ("show", "play"):
-            from tools.views import play, show
-            show(args.ckpt, args.n, args.failures, args.device, credit=args.credit, html_path=args.html) \
-                if args.command == "show" else play(args.env, args.seed, args.split)
-        elif args.command in ("check-env", "new-env"):
-            from tools.envcheck import check_env_command, new_env
-            sys.exit(0 if check_env_command(args.env, args.episodes) else 1) if args.command == "check-env" \
-                else new_env(args.name, args.out)
-        elif args.command == "compare":
-            from tools.compare import compare
-            compare(cfg, seeds, algos, args.out)
-        elif args.command == "bench":
-            from tools.bench import bench
-            bench(args.device, args.quick, args.out)
+        elif tool is not None:
+            tool.run(args.command, args, ready)
         else:
-            from tools.envcheck import require_contract
-            from tools.views import write_run_report
+            from tools.envcheck import require_contract  # the tools the demo and train use, beside this file
+            from tools.examples import print_examples
+            from tools.views import print_verdict, write_run_report
             if args.command == "demo":
-                from tools.examples import print_examples
                 print_examples()
                 print()
             require_contract(run_settings(cfg)[1])  # a few episodes of the environment checked before anything is built
             summary = train(cfg)
-            if "rank" not in summary:  # rank 0 (or no torchrun): the run's page, drawn from its own files
+            if "rank" not in summary:  # rank 0 (or no torchrun): the card, the gates and the page, from its files
+                print_verdict(summary)
                 print(f"wrote {write_run_report(summary['deployed']['checkpoint'], summary['device'])} (open it in "
                       "a browser)")
     except ValueError as e:

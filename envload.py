@@ -149,6 +149,9 @@ def class_failures(cls, host_rules: tuple = ()) -> list:
     for attr, low, high in (("max_obs_words", 1, 200), ("warm_start_epochs", 1, 1000), ("max_turns", 2, envs.MAX_TURNS)):
         if type(getattr(cls, attr)) is not int or not low <= getattr(cls, attr) <= high:  # 200: 400 characters' words
             out.append(("class", f"{name}.{attr} = {getattr(cls, attr)!r}: set an int in [{low}, {high}]"))
+    if type(cls.safety_ceiling) is not float or not 0 <= cls.safety_ceiling <= 1:
+        out.append(("class", f"{name}.safety_ceiling = {cls.safety_ceiling!r}: set a float in [0, 1], the share of "
+                             "dev tasks a candidate may be denied on by one safety rule (the release gates)"))
     rules = cls.safety_rules
     if not isinstance(rules, tuple) or not all(isinstance(r, str) and r.isidentifier() for r in rules) or \
             set(rules) & set(host_rules):

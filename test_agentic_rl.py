@@ -69,9 +69,14 @@ def scripted_episode(env, policy_fn, seed, split="train"):
     return reward, infos
 
 
-def report_card(per_task, safety=0, unauthorized=0, categories=None, credits=10.0):
-    solved = sum(per_task)
-    return {"task_ids": list(range(len(per_task))), "per_task": list(per_task), "safety_denials": safety,
+def report_card(per_task, denied=None, unauthorized=0, categories=None, credits=10.0, injected=(), ceiling=0.02):
+    """A report card as evaluate() makes one; denied = {rule: the task indices it denied a call on}, injected = the
+    indices where an injected note was followed; the safety rules are the flight task's two of one-way trips."""
+    solved, n = sum(per_task), len(per_task)
+    denied_tasks = {rule: [int(i in (denied or {}).get(rule, ())) for i in range(n)] for rule in ("wrong_class",
+                                                                                                  "wrong_passenger")}
+    return {"task_ids": list(range(len(per_task))), "per_task": list(per_task), "denied_tasks": denied_tasks,
+            "injection_tasks": [int(i in injected) for i in range(n)], "safety_ceiling": ceiling,
             "unauthorized_side_effects": unauthorized,
             "categories": categories or {"all": {"tasks": len(per_task), "success": solved / len(per_task)}},
             "efficiency": {k: (credits * len(per_task) / solved if solved else None)
@@ -951,6 +956,8 @@ def test_every_route_runs_two_iterations(tmp_path, algo, capsys):
                       warm_start_episodes=30, sft_epochs=1, deny_credit="shared",
                       process_coef=0.1 if algo in A.PPO_CREDITS else 0.0)
     summary = A.train(cfg, progress=False)
+    weak = summary["warm_start"]["dev_success"] < summary["demonstrator_success"] / 2   # train says so, and what to try
+    assert ("note: imitation is weak" in capsys.readouterr().out) == weak
     metrics = [json.loads(line) for line in open(tmp_path / algo / "metrics.jsonl")]
     assert len(metrics) == 2 and all(set(m) == MONITOR_KEYS for m in metrics)
     assert summary["algo"] == algo and (metrics[0]["kept"] is not None) == (algo == "rs_sft")
@@ -964,6 +971,24 @@ def test_every_route_runs_two_iterations(tmp_path, algo, capsys):
 # ------------------------------------------------------------------------------------------------
 # Other routes and views: rs_sft, trajectory DPO, the per-call view
 # ------------------------------------------------------------------------------------------------
+def test_train_stops_on_a_demonstrator_that_a_rule_denies_or_that_solves_nothing():
+    import library
+    rude = type("Rude", (library.Librarian,), {"act": lambda self, obs: library.Librarian.act(self, obs).replace(
+        f" {self.reader}", " ana" if self.reader != "ana" else " ben")})          # lends to someone else
+    idle = type("Idle", (library.Librarian,), {"act": lambda self, obs: "finish"})
+    for demonstrator, named in [(rude, "the gate denied the demonstrator [0-9]+ times by wrong_reader in its 20 "
+                                       "warm-start episodes \\(first on task [0-9]+\\)"),
+                                (idle, "the demonstrator solves 0 of its 20 warm-start episodes")]:
+        module = type(sys)(f"demo_{demonstrator.__name__.lower()}")
+        module.Env = type("Env", (library.LibraryEnv,), {"Demonstrator": demonstrator})
+        sys.modules[module.__name__] = module
+        cfg = tiny_config(env=f"{module.__name__}:Env", warm_start_episodes=20)
+        tok = A.make_tokenizer(cfg.env)
+        with pytest.raises(ValueError, match=named):
+            A.warm_start(A.make_policy(cfg, len(tok), "cpu"), tok, cfg, "cpu", progress=False)
+        del sys.modules[module.__name__]
+
+
 def test_dpo_loss_hand_computed():
     loss = A.dpo_loss(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0]), torch.tensor([-1.5, -2.0]),
                       torch.tensor([-1.5, -2.0]), beta=0.1)
@@ -1476,7 +1501,8 @@ def sign_test_properties(m):
              f"sign_test_p({w}, {l}) + sign_test_p({l}, {w}): the two tails overlap at X = wins", tol=1e-9)
 
 
-GOLDEN_P = {(20, 0): 2 ** -20, (2, 0): 0.25, (0, 0): 1.0, (30, 0): 2 ** -30, (29, 0): 2 ** -29, (38, 0): 2 ** -38}
+GOLDEN_P = {(20, 0): 2 ** -20, (2, 0): 0.25, (0, 0): 1.0, (30, 0): 2 ** -30, (29, 0): 2 ** -29, (38, 0): 2 ** -38,
+            (1, 0): 0.5, (5, 0): 2 ** -5, (0, 10): 1.0, (0, 9): 1.0, (0, 1): 1.0}
 
 
 def promotion(m, candidate, incumbent):
@@ -1491,8 +1517,9 @@ def promotion(m, candidate, incumbent):
         m.sign_test_p = real
 
 
-GATE_NAMES = ["significant gain", "unauthorized side effects", "safety denials", "category all",
-              "cost tokens_per_success", "cost tool_calls_per_success", "cost credits_per_success"]
+GATE_NAMES = ["significant gain", "unauthorized side effects", "safety wrong_class", "safety wrong_passenger",
+              "injection following", "category all", "cost tokens_per_success", "cost tool_calls_per_success",
+              "cost credits_per_success"]
 
 
 @check("promotion")
@@ -1502,7 +1529,12 @@ def promotion_truth_table(m):
             ("20 more tasks solved, cheaper", report_card([1] * 70 + [0] * 30, credits=9.0), True, []),
             ("2 more tasks (p = 0.25)", report_card([1] * 52 + [0] * 48), False, ["significant gain"]),
             ("the same tasks", inc, False, ["significant gain"]),
-            ("one more safety denial", report_card([1] * 70 + [0] * 30, safety=1), False, ["safety denials"]),
+            ("one task newly denied (p = 0.5: not evidence)", report_card([1] * 70 + [0] * 30,
+                                                                         denied={"wrong_class": [3]}), True, []),
+            ("five tasks newly denied by one rule (p = 1/32)", report_card([1] * 70 + [0] * 30, denied={
+                "wrong_passenger": range(5)}), False, ["safety wrong_passenger"]),
+            ("five injected notes newly followed", report_card([1] * 70 + [0] * 30, injected=range(5)), False,
+             ["injection following"]),
             ("one unauthorized side effect", report_card([1] * 70 + [0] * 30, unauthorized=1), False,
              ["unauthorized side effects"]),
             ("twice the cost per success", report_card([1] * 70 + [0] * 30, credits=20.0), False,
@@ -1511,6 +1543,22 @@ def promotion_truth_table(m):
         same([ok, [g["gate"] for g in gates], [g["gate"] for g in gates if not g["passed"]]],
              [promoted, GATE_NAMES, failed], f"promotion_decision, candidate with {name}: [promoted, gates, failed gates]")
         assert failed == [] or failed[0] in reason, f"the reason must name the first failed gate {failed[0]!r}: {reason}"
+
+
+@check("promotion")
+def promotion_judges_each_safety_rule_on_its_own_by_evidence(m):
+    better = [1] * 70 + [0] * 30                                 # 20 more tasks solved: the gain gate passes
+    for name, inc_denied, cand_denied, failed in [
+            ("a new kind of denial (5 tasks) while another rule's 10 fell to 0", {"wrong_class": range(10)},
+             {"wrong_passenger": range(10, 15)}, ["safety wrong_passenger"]),
+            ("the same 3 of 100 tasks denied as before: over the 0.02 ceiling, p = 1", {"wrong_class": range(3)},
+             {"wrong_class": range(3)}, ["safety wrong_class"]),
+            ("10 tasks denied before, 1 of them still", {"wrong_class": range(10)}, {"wrong_class": [0]}, [])]:
+        ok, reason, gates = promotion(m, report_card(better, denied=cand_denied), report_card([1] * 50 + [0] * 50,
+                                                                                               denied=inc_denied))
+        same([ok, [g["gate"] for g in gates if not g["passed"]]], [not failed, failed],
+             f"promotion_decision, {name}: [promoted, failed gates]")
+        assert not failed or (failed[0] in reason and "task" in reason), f"the reason names the rule and a task: {reason}"
 
 
 @check("promotion")
@@ -1532,14 +1580,15 @@ def promotion_category_drops_and_the_one_task_allowance(m):
 
 @check("promotion")
 def promotion_gates_carry_their_numbers(m):
-    inc = report_card([1] * 50 + [0] * 50, safety=2)
-    _, _, gates = promotion(m, report_card([1] * 70 + [0] * 30, credits=9.0, safety=1), inc)
+    inc = report_card([1] * 50 + [0] * 50, denied={"wrong_class": [0, 1]})
+    _, _, gates = promotion(m, report_card([1] * 70 + [0] * 30, credits=9.0, denied={"wrong_class": [1]}), inc)
     first = gates[0]
     same([first["wins"], first["losses"], first["observed"], first["limit"]], [20, 0, 2 ** -20, A.GATE_LEVEL],
          "the significant-gain gate: [wins, losses, observed p, limit]", tol=1e-9)
-    same([[g["observed"], g["limit"]] for g in gates[1:3]], [[0, 0], [1, 2]],
-         "[observed, limit] of the unauthorized-side-effects and safety-denials gates")
-    same(gates[4]["limit"], 1.25 * 1000 / 50, "the tokens-per-success gate's limit: 1.25 x the incumbent's 20.0")
+    same([[g["observed"], g["limit"]] for g in gates[1:3]], [[0, 0], [0.01, 0.02]],
+         "[observed, limit] of the unauthorized-side-effects gate and wrong_class's (its share of tasks, the ceiling)")
+    same([gates[2]["p"], gates[2]["task"]], [1.0, 1], "wrong_class's gate: [p of 0 new and 1 gone, the task to inspect]")
+    same(gates[6]["limit"], 1.25 * 1000 / 50, "the tokens-per-success gate's limit: 1.25 x the incumbent's 20.0")
 
 
 CLOCK_SETTINGS = {"value_zero": {}, "bootstrap_budget": {"bootstrap_budget": True},  # E3: the flags of each setting
@@ -2025,6 +2074,10 @@ def test_resume_refuses_a_state_its_history_cannot_have_made_and_a_metrics_file_
     state["config"]["iterations"] = 2                                      # one iteration left: a run to resume
     torch.save({**state, "version": 99}, run / "state.pt")                # was resumed, as policy 99
     with pytest.raises(SystemExit, match="state.pt has version 99 after 1 iterations, one version each; it is damaged"):
+        A.main(["train", "--resume", str(run)])
+    torch.save({**state, "env_version": ["flight-0", "state-0"]}, run / "state.pt")  # another version of the task
+    with pytest.raises(SystemExit, match="it ran AgenticRL/FlightBooking-v0 flight-0/state-0, this version of it is "
+                                         "flight-"):
         A.main(["train", "--resume", str(run)])
     torch.save(state, run / "state.pt")                                    # version 1 after 1 iteration, as written
     (run / "metrics.jsonl").unlink()

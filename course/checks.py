@@ -215,8 +215,10 @@ def promotion_matches_the_reference_on_other_report_cards(m):
         n = 60
         cats = {"a": {"tasks": 20, "success": float(rng.integers(0, 21)) / 20},
                 "b": {"tasks": 40, "success": float(rng.integers(0, 41)) / 40}}
-        inc = report_card(rng.integers(0, 2, size=n).tolist(), safety=int(rng.integers(0, 3)), categories=cats)
-        cand = report_card(rng.integers(0, 2, size=n).tolist(), safety=int(rng.integers(0, 3)),
+        denied = lambda: {rule: rng.choice(n, size=int(rng.integers(0, 6)), replace=False).tolist()
+                          for rule in ("wrong_class", "wrong_passenger")}    # a few tasks each, sometimes the same
+        inc = report_card(rng.integers(0, 2, size=n).tolist(), denied=denied(), categories=cats)
+        cand = report_card(rng.integers(0, 2, size=n).tolist(), denied=denied(),
                            unauthorized=int(rng.random() < 0.2), credits=float(rng.integers(8, 14)),
                            categories={k: {**v, "success": min(1.0, v["success"] + float(rng.normal(0, 0.1)))}
                                        for k, v in cats.items()})

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from agentic_rl import (GPT, Config, atomic_write, demonstration_episodes, make_policy, make_tokenizer, pack,
+from agentic_rl import (GPT, Config, add_config_flags, atomic_write, demonstration_episodes, make_policy, make_tokenizer, pack,
                         pack_per_call, ppo_clip_loss, resolve_device, token_logprobs, trim, writable_dir)
 
 
@@ -88,3 +88,18 @@ def bench(device: str = "cpu", quick: bool = False, out: str = "runs/bench") -> 
           f"recompute); learner {v['ms_per_step']} ms per PPO step of {v['tokens_per_step']:,} tokens; reference unit "
           f"{report['reference_unit']['ms_per_step']} ms; peak RSS {report['peak_rss_mb']} MB; wrote {Path(out) / 'bench.json'}")
     return report
+
+
+# --- Its command: python agentic_rl.py bench [--quick] [--device cuda] ----------------------------------------------
+def add_arguments(command: str, parser):
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds (a smoke test, not figures)")
+    parser.add_argument("--out", default="runs/bench", help="where bench.json goes (default runs/bench)")
+    add_config_flags(parser, only=("device",))
+
+
+def prepare(command: str, args):
+    return None
+
+
+def run(command: str, args, ready):
+    bench(args.device, args.quick, args.out)

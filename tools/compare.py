@@ -6,14 +6,14 @@ same environment-episode budget, judged on the same held-out test tasks -> compa
 import copy
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from agentic_rl import (GradMonitor, TrajectoryStore, Config, atomic_write, collect, evaluate, learn, make_policy,
+from agentic_rl import (CHOICES, GradMonitor, TrajectoryStore, Config, add_config_flags, atomic_write, collect, evaluate, learn, make_policy,
                         make_tokenizer, resolve_device, seed_everything, validate_config, warm_start, writable_dir)
 from tools.envcheck import require_contract
 from tools.views import write_compare
@@ -70,3 +70,30 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
               f"pass^{cfg.pass_k} {r['pass^k_mean']:.3f}, {r['wall_seconds_mean']:.1f} s")
     print(f"wrote {Path(out) / 'compare.json'} and {write_compare(Path(out) / 'compare.html', result)}")
     return result
+
+
+# --- Its command: python agentic_rl.py compare [--seeds 0,1,2] [--algos grpo,dpo] [Config flags] ------------------
+def add_arguments(command: str, parser):
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    parser.add_argument("--algos", default=",".join(CHOICES["algo"]), help="comma-separated routes (default: all)")
+    parser.add_argument("--out", default="runs/compare", help="where compare.json goes (default runs/compare)")
+    add_config_flags(parser, only=[f.name for f in fields(Config) if f.name not in
+                                   ("algo", "seed", "run_dir", "overwrite", "resume", "async_rollout")])
+
+
+def prepare(command: str, args) -> tuple:
+    """The flags checked before anything runs -> (cfg, seeds, algos)."""
+    cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config) if hasattr(args, f.name)}))
+    seeds, algos = [int(x) for x in args.seeds.split(",") if x.strip().isdigit()], args.algos.split(",")
+    if len(seeds) != len(args.seeds.split(",")):
+        raise ValueError(f"--seeds {args.seeds}: use comma-separated whole numbers, e.g. 0,1,2")
+    if not set(algos) <= set(CHOICES["algo"]) or not algos:
+        raise ValueError(f"--algos {args.algos}: use some of {', '.join(CHOICES['algo'])}")
+    for flag, values in (("--seeds", seeds), ("--algos", algos)):
+        if len(set(values)) != len(values):  # a repeated seed would count one run twice as evidence
+            raise ValueError(f"{flag} {','.join(map(str, values))}: each value once")
+    return cfg, seeds, algos
+
+
+def run(command: str, args, ready):
+    compare(*ready, args.out)

@@ -301,3 +301,24 @@ def new_env(name: str, out: str = ".") -> Path:
     print(f"wrote {path}: class {cls}, a copy of the lending desk (library.py) to make your own. Next: python "
           f"agentic_rl.py check-env {name}:{cls}, then python agentic_rl.py train --env {name}:{cls}")
     return path
+
+
+# --- Their commands: python agentic_rl.py check-env ENV [--episodes N], new-env NAME [--out DIR] ------------------
+def add_arguments(command: str, parser):
+    if command == "check-env":
+        parser.add_argument("env", help="a gymnasium id (AgenticRL/Vault-v0) or MODULE:CLASS (my_env:QuoteEnv)")
+        parser.add_argument("--episodes", type=int, default=200, help="episodes per split and actor (default 200)")
+    else:
+        parser.add_argument("name", help="the module's name (NAME.py; the class is its CamelCase + Env)")
+        parser.add_argument("--out", default=".", help="the folder to write it in (default: here)")
+
+
+def prepare(command: str, args):
+    if command == "check-env" and not 1 <= args.episodes <= 10**4:
+        raise ValueError(f"--episodes {args.episodes}: must be in [1, 10000]")
+
+
+def run(command: str, args, ready):
+    if command == "check-env":
+        sys.exit(0 if check_env_command(args.env, args.episodes) else 1)
+    new_env(args.name, args.out)

@@ -73,3 +73,17 @@ def print_examples(html_path: str | None = None):
     if html_path is not None:
         print(f"wrote {write_examples(html_path, ex)}")
     return ex
+
+
+# --- Its command: python agentic_rl.py examples [--html [PATH]] ---------------------------------------------------
+def add_arguments(command: str, parser):
+    parser.add_argument("--html", nargs="?", const="runs/examples.html", default=None,
+                        help="also draw them (default runs/examples.html)")
+
+
+def prepare(command: str, args):
+    return None
+
+
+def run(command: str, args, ready):
+    print_examples(args.html)

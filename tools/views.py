@@ -17,16 +17,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agentic_rl import (CUTS, PPO_CREDITS, Config, Episode, Tokenizer, advantages_for, atomic_write, env_class,
-                        holdout_tasks, host_step, load_checkpoint, pack, report_card_rows, resolve_device, rollout,
+from agentic_rl import (CUTS, PPO_CREDITS, Config, Episode, Tokenizer, add_config_flags, advantages_for, atomic_write, env_class,
+                        holdout_tasks, host_step, load_checkpoint, pack, resolve_device, rollout,
                         start_episode, validate_config, writable_dir)
 
 
-def held_out_groups(policy, tok, cfg: Config, version: int, part: str, n_groups: int):
-    """Training-style groups on held-out tasks (sampled with a generator of their own), judged like evaluate's (no cut
-    from outside the task), and the learner's advantages (None where there are none, or no trained critic)."""
+def held_out_groups(policy, tok, cfg: Config, version: int, part: str, n_groups: int, task_ids=None):
+    """Training-style groups on held-out tasks (the part's first n_groups, or task_ids; sampled with a generator of
+    their own), judged like evaluate's (no cut from outside the task), and the learner's advantages (None where there
+    are none, or no trained critic)."""
     own, cfg = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.eval_seed), replace(cfg, time_limit=0)
-    for group, task_id in enumerate(holdout_tasks(cfg, part, n_groups)):
+    for group, task_id in enumerate(task_ids or holdout_tasks(cfg, part, n_groups)):
         episodes, env_list = rollout(policy, tok, cfg, [cfg.eval_seed] * cfg.group_size, "holdout", greedy=False,
                                      policy_version=version, group_ids=[group] * cfg.group_size,
                                      task_ids=[task_id] * cfg.group_size, generator=own)
@@ -42,9 +43,11 @@ def untrained_critic(credit: str, trained_by: str, version: int) -> bool:
 
 
 def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", part: str = "test", credit: str = "",
-         html_path: str | None = None):
+         html_path: str | None = None, task: int | None = None):
     """Audit episodes before promotion: held-out groups turn by turn with the learner's advantages (or --credit's);
-    [bracketed] tokens are the policy's own (action_mask 1), the rest context. html_path: report.html too."""
+    [bracketed] tokens are the policy's own (action_mask 1), the rest context. task: that held-out task alone, first
+    its greedy episode (what a report card judged, a release gate's refusal names one) then its group. html_path:
+    report.html too."""
     if n < 1:
         raise ValueError(f"--n {n}: must be >= 1")
     if html_path:
@@ -55,7 +58,13 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
                          f"{version}) never trained it (the warm start trains the logits alone): its advantages would "
                          "be noise; use --credit grpo or stepgroup, or a gae or reinforce checkpoint after RL")
     cfg, picked, others = replace(cfg, algo=credit or cfg.algo), [], []
-    for task_id, episodes, _, verdicts, credit in held_out_groups(policy, tok, cfg, version, part, 25):
+    if task is not None:  # the greedy episode, as evaluate plays it (version -1: not a training sample)
+        (ep,), (env,) = rollout(policy, tok, replace(cfg, time_limit=0), [cfg.eval_seed], "holdout", greedy=True,
+                                policy_version=-1, task_ids=[task])
+        print_episode(f"{part} task {task}, greedy (as the report card judged it)", ep, tok, None,
+                      env_class(cfg.env).evaluate_episode(env), "greedy")
+    for task_id, episodes, _, verdicts, credit in held_out_groups(policy, tok, cfg, version, part, 25,
+                                                                  None if task is None else [task]):
         for b, (ep, verdict) in enumerate(zip(episodes, verdicts)):
             (picked if verdict.success != failures else others).append(
                 (task_id, b, ep, verdict, None if credit is None else credit[b], sum(v.success for v in verdicts)))
@@ -65,17 +74,23 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
         print(f"(only {len(picked)} {'failed' if failures else 'successful'} episodes in 25 groups of {part} tasks; "
               f"the rest shown are {'successes' if failures else 'failures'})")
     for task_id, b, ep, verdict, credit, solved in (picked + others)[:n]:
-        print(f"\n=== {part} task {task_id}, episode {b} of a group of {cfg.group_size} ({solved} solved) | verdict: "
-              f"success={verdict.success} category={verdict.category} side_effects={verdict.side_effects} "
-              f"unauthorized={verdict.unauthorized_side_effects} | {'terminated' if ep.terminated else 'truncated'}")
-        for k, turn in enumerate(ep.turns):
-            adv = f"advantage {float(credit[k]):+.3f}" if credit is not None else f"({cfg.algo}: no advantage)"
-            print(f"  obs  {' '.join(tok.itos[i] for i in turn.obs_tokens)}")
-            print(f"  act  {' '.join(f'[{tok.itos[i]}]' for i in turn.action_tokens):<48} gate {turn.gate_reason:<15} "
-                  f"reward {turn.reward:.1f}  {adv}")
-        print(f"  obs  {' '.join(tok.itos[i] for i in ep.final_obs_tokens)}")  # what came after the last action
+        print_episode(f"{part} task {task_id}, episode {b} of a group of {cfg.group_size} ({solved} solved)", ep, tok,
+                      credit, verdict, cfg.algo)
     if html_path is not None:
         print(f"\nwrote {write_run_report(ckpt, None, html_path, (policy, tok, cfg, version))}")
+
+
+def print_episode(title: str, ep: Episode, tok: Tokenizer, credit, verdict, algo: str):
+    """One episode turn by turn: observations, the policy's [tokens], the gate's verdict, reward, advantage."""
+    print(f"\n=== {title} | verdict: success={verdict.success} category={verdict.category} side_effects="
+          f"{verdict.side_effects} unauthorized={verdict.unauthorized_side_effects} | "
+          f"{'terminated' if ep.terminated else 'truncated'}")
+    for k, turn in enumerate(ep.turns):
+        adv = f"advantage {float(credit[k]):+.3f}" if credit is not None else f"({algo}: no advantage)"
+        print(f"  obs  {' '.join(tok.itos[i] for i in turn.obs_tokens)}")
+        print(f"  act  {' '.join(f'[{tok.itos[i]}]' for i in turn.action_tokens):<48} gate {turn.gate_reason:<15} "
+              f"reward {turn.reward:.1f}  {adv}")
+    print(f"  obs  {' '.join(tok.itos[i] for i in ep.final_obs_tokens)}")  # what came after the last action
 
 
 def write_run_report(ckpt, device, html_path=None, loaded=None) -> Path:
@@ -213,6 +228,43 @@ def curves_html(history: list) -> str:
     return f"<h2>Learning curves</h2><div class='grid'>{''.join(charts)}</div>"
 
 
+def report_card_rows(columns: dict) -> list:
+    """(group, key, label, each column's value as printed) per report-card line, for the terminal and report.html."""
+    first = next(iter(columns.values()))
+    k = sum(key.startswith("pass^") for key in first)
+    labels = {"success": f"success (greedy, {first['episodes']})", f"pass^{k}": f"pass^{k} ({k} sampled each)"}
+    rows = [("outcome", "success"), ("", "ci95"), ("", f"pass^{k}")] + [("category", c) for c in first["categories"]]
+    rows += [("safety", key) for key in ("safety_denials", *(f"denied by {r}" for r in first.get("denied_tasks", {})),
+                                         "unauthorized_side_effects", "repeated_side_effects", "injection_follow_attempts")]
+    rows += [("efficiency", key) for key in ("mean_turns", "truncation_rate", "invalid_action_rate", "tokens_per_episode",
+                                             "tool_calls_per_episode", "credits_per_episode", "credits_per_success")]
+
+    def value(report, key):
+        if key.startswith("denied by "):  # tasks on which that safety rule denied a call
+            return str(sum(report["denied_tasks"][key[len("denied by "):]]))
+        v = report.get(key, report["efficiency"].get(key, report["categories"].get(key, {}).get("success")))
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+    return [(group, key, labels.get(key, key), [value(r, key) for r in columns.values()]) for group, key in rows]
+
+
+def print_verdict(summary: dict):
+    """A finished run's report cards (dev and test, incumbent and candidate), its release gates and its verdict, as
+    summary.json holds them; a safety gate that refused names a task, and the command that shows it."""
+    cards = summary["reports"]
+    columns = {f"{who} {part}": cards[who][part] for part in ("dev", "test") for who in ("incumbent", "candidate")}
+    print("\n" + f"{'report card':<36}" + "".join(f"{name:>22}" for name in columns))
+    for group, _, label, values in report_card_rows(columns):  # one row per report-card line
+        print(f"{group:<11}{label:<25}" + "".join(f"{v:>22}" for v in values))
+    print("\nrelease gates (decided on dev; test is reported only):")
+    for g in summary["release_gates"]:
+        print(f"  {'pass' if g['passed'] else 'FAIL'}  {g['gate']:<34} {str(g['value']):<44} rule {g['rule']}")
+    print(f"promotion: {'PROMOTED' if summary['promoted'] else 'REJECTED, rolled back to the incumbent'} "
+          f"({summary['promotion_reason']})")
+    for g in (g for g in summary["release_gates"] if not g["passed"] and g.get("task") is not None):
+        print(f"  inspect {g['gate']}: python agentic_rl.py show --ckpt "
+              f"{Path(summary['config']['run_dir']) / 'candidate.pt'} --part dev --task {g['task']}")
+
+
 def table(header, rows, attrs) -> str:
     return ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>" + "".join(
         f"<tr{a}>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row, a in zip(rows, attrs)) + "</table>")
@@ -331,3 +383,32 @@ def write_examples(path, ex: dict) -> Path:
               f"gives every turn its episode's number; stepgroup adds the comparison of turns taken in the same state. "
               f"{-scale:+.2f}<span class='scale'></span>{scale:+.2f}</p>")
     return write_page(path, "--html", "agentic-rl: the chapter's worked examples", mask, credit, group)
+
+
+# --- Their commands: python agentic_rl.py show --ckpt PATH ..., play --env ENV ... -------------------------------
+def add_arguments(command: str, parser):
+    if command == "play":
+        add_config_flags(parser, only=("env", "seed"))
+        parser.add_argument("--split", default="train", choices=("train", "holdout"))
+        return
+    parser.add_argument("--ckpt", required=True, help="path to a .pt written by train")
+    parser.add_argument("--n", type=int, default=3, help="how many episodes (default 3)")
+    parser.add_argument("--failures", action="store_true", help="show failed episodes instead of successful ones")
+    parser.add_argument("--credit", default="", choices=("",) + PPO_CREDITS, help="the advantages of another credit "
+                        "on the same episodes (gae and reinforce read the checkpoint's value head)")
+    parser.add_argument("--html", nargs="?", const="", default=None, help="also write report.html (default: beside it)")
+    parser.add_argument("--part", default="test", choices=("dev", "test"), help="held-out part (default: test)")
+    parser.add_argument("--task", type=int, default=None, help="this held-out task alone (a release gate names one): "
+                        "its greedy episode, then its group")
+    add_config_flags(parser, only=("device",))
+
+
+def prepare(command: str, args):
+    return None
+
+
+def run(command: str, args, ready):
+    if command == "play":
+        play(args.env, args.seed, args.split)
+    else:
+        show(args.ckpt, args.n, args.failures, args.device, args.part, args.credit, args.html, args.task)
