@@ -1924,8 +1924,7 @@ def finish_run(run: Run, candidate: dict, promoted: bool, reason: str, gates: li
     if run.world > 1:
         summary["param_hashes"] = run.hashes
     atomic_write(run.dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
-    print(f"promotion: {'PROMOTED' if promoted else 'REJECTED, rolled back to the incumbent'}; wrote "
-          f"{run.dir / 'summary.json'} ({summary['wall_seconds']} s)")
+    print(f"wrote {run.dir / 'summary.json'} ({summary['wall_seconds']} s)")
     return summary
 
 
