@@ -1,0 +1,297 @@
+"""What a shortcut earns, and what a grading costs: a handout that teaches no shortcut, answers.json fields of the
+wrong shape said to the student in a sentence, a forged record labelled as one, the cheap disguises of a copy seen
+through (operator helpers and imports, swapped operands, padding past the budget), a hang at import paid once, and a
+killed grading that leaves nothing behind."""
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import course
+from course.conftest import SLOW_SANDBOX, SECRET, course_here, fill, reference_answers
+from course.exercises import EXERCISES
+from course.grading import grade
+from course.handouts import answers_template, write_handout
+from course.report import FORGED, exercises, gradescope_results
+from course.similarity import own_code, own_code_within, reference_code, similarity
+from course.test_course import FRESH, answers_folder, solution
+
+
+# ------------------------------------------------------------------------------------------------
+# The handout teaches the exercises, not their shortcuts
+# ------------------------------------------------------------------------------------------------
+SHORTCUTS = {  # what a fresh handout's README must not hold -> a phrase of it that the course's own documents hold
+    "the fabrication recipe": ["guesses the rest", "guessed the rest"],
+    "the audit's tolerances": ["within 0.05", "within 0.1", "within 0.005", "tolerance"],
+    "the similarity report's blind spots": ["not flagged", "both together 0.50", "what it cannot see", "evades"],
+    "the staff's document": ["STAFF.md", "BEGIN STAFF", "--rerun"],
+    "E1's answer (the habit table of section 06)": ["warm start dev, greedy", "book blind when greedy",
+                                                     "habit 0.3 +0.000"],
+    "E4's answer (the gate's read-only rule)": ["tests_read_only"],
+}
+
+
+def test_a_fresh_handout_teaches_no_shortcut(tmp_path):
+    """A red team's row: the handout's README printed how to make up a record the audit would pass, the audit's
+    tolerances, how to disguise a copy from the similarity report, and E1's and E4's answers. A fresh handout holds
+    none of them; the course's own documents (README, course/STAFF.md) still do, so each grep here can fail."""
+    write_handout(tmp_path / "handout")
+    handout = (tmp_path / "handout" / "README.md").read_text()
+    ours = (course.REPO / "README.md").read_text() + (course.REPO / "course" / "STAFF.md").read_text()
+    for what, phrases in SHORTCUTS.items():
+        assert any(p in ours for p in phrases), f"the course's documents no longer hold {what}: update this test"
+        found = [p for p in phrases if p in handout]
+        assert not found, f"a fresh handout's README holds {what}: {found}"
+    assert "## Homework" in handout and "python -m pytest -q -m homework" in handout and "E3 · The clock" in handout
+    assert "ANSWER" not in handout and "STAFF" not in handout
+
+
+# ------------------------------------------------------------------------------------------------
+# answers.json of the wrong shape: the student's error, in a sentence
+# ------------------------------------------------------------------------------------------------
+BAD_FIELDS = [("exercises", [1, "returns"], '"exercises"'), ("exercises", "returns", '"exercises"'),
+              ("seeds", ["0", 1, 2], '"seeds"'), ("handout", 7, '"handout"'), ("clock", [1, 2], '"clock"'),
+              ("silent_bug_runs", "run", '"silent_bug_runs"'), ("silent_bug", ["x"], '"silent_bug"'),
+              ("clock.runs", [1], '"clock.runs"'), ("clock.value_zero", {"a": 1}, '"clock.value_zero"'),
+              ("clock.runs.value_zero", [1, 2, 3], '"clock.runs.value_zero"'), ("clock.why", 3, '"clock.why"')]
+
+
+@pytest.mark.parametrize("field, value, named", BAD_FIELDS, ids=[f"{f}={json.dumps(v)}" for f, v, _ in BAD_FIELDS])
+def test_an_answers_field_of_the_wrong_shape_is_the_students_error_said_in_a_sentence(tmp_path, field, value, named,
+                                                                                      shared_sandbox):
+    """A red team's row: "exercises": [1, "returns"] crashed the grader ("The grader failed, not your submission").
+    Every field of the wrong shape is now the student's error: the experiment's checks are "wrong", with a sentence
+    naming the field and the fix; never a grader error, never a crash of the grader's checks."""
+    answers = reference_answers()
+    *path, last = field.split(".")
+    at = answers
+    for part in path:
+        at = at[part]
+    at[last] = value
+    for secret, students in ((None, ()), (SECRET, ("ana@uni.example",))):
+        answers["handout"] = answers.get("handout") if field == "handout" else "0123456789ab-0123456789abcdef"
+        report = exercises(grade(answers_folder(tmp_path, answers, f"sub-{bool(secret)}"), only=["clock", "silent_bug"],
+                                 hidden_seed=secret, students=students))
+        statuses = {c["status"] for row in report.values() for c in row["checks"]}
+        assert statuses <= {"passed", "wrong", "not checked"} and "wrong" in statuses, report
+        said = " ".join(c["message"] for row in report.values() for c in row["checks"])
+        if secret is None or field not in ("exercises", "handout"):   # with the secret, the id does not verify first
+            assert named in said and "as in the answers.json your handout came with" in said, said
+        assert "Error" not in said.split("handout came with")[0][-200:], said
+
+
+def test_an_edited_exercises_list_never_crashes_the_handout_id():
+    from course.ids import answer_key, new_handout
+    handout, _ = new_handout(SECRET, "ana@uni.example", None, ["returns"])
+    for listed in ([1, "returns"], "returns", [["returns"]], {"a": 1}, None, ["returns"]):
+        key = answer_key({"handout": handout, "exercises": listed}, SECRET, ["ana@uni.example"], None)
+        assert (key["seeds"] is not None) == (listed == ["returns"]), (listed, key)
+
+
+# ------------------------------------------------------------------------------------------------
+# A forged record: "record does not match a rerun"; the exit status: graded or the grader failed
+# ------------------------------------------------------------------------------------------------
+def test_a_forged_record_is_labelled_as_one_and_grade_exits_0_whenever_it_graded(tmp_path, capsys, monkeypatch,
+                                                                                   shared_sandbox):
+    """A red team's rows: a forged record read "hard-coded answers?", and grade exited 1 whenever a check failed, so a
+    script could not tell a normal class from a grader that failed. Now a contradicted record is labelled "record does
+    not match a rerun", and grade exits 0 when it graded (whatever the scores), 1 when the grader failed, 2 refused."""
+    monkeypatch.setattr(course.audit, "demonstrator_success", lambda warm: 0.5)       # no record's demonstrations
+    monkeypatch.setattr(course.audit, "rerun", lambda *a, **k: (_ for _ in ()).throw(subprocess.TimeoutExpired("t", 1)))
+    submission = answers_folder(tmp_path, reference_answers())
+    code, printed = course_here(capsys, "grade", submission, "--only", "clock,silent_bug", "--silent-bug",
+                                "ratio_always_one", "--json", tmp_path / "r.json")
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert code == 0 and results["score"] == 0 and FORGED in printed and "hard-coded" not in printed, printed
+    assert FORGED in results["tests"][-1]["output"]
+    monkeypatch.setattr(course.cli, "grade", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    (tmp_path / "class").mkdir()
+    for name in ("a", "b"):
+        answers_folder(tmp_path / "class", answers_template(), name)
+    code, printed = course_here(capsys, "grade", tmp_path / "class", "--rerun", "0")
+    assert code == 1 and "GRADER FAILED a" in printed, printed
+    monkeypatch.undo()
+    assert course_here(capsys, "grade", tmp_path / "nowhere")[0] == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# Similarity that survives the cheap attacks
+# ------------------------------------------------------------------------------------------------
+OPERATORS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.Pow: "pow", ast.Lt: "lt",
+             ast.Gt: "gt", ast.LtE: "le", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
+MIRROR = {ast.Lt: ast.Gt, ast.Gt: ast.Lt, ast.LtE: ast.GtE, ast.GtE: ast.LtE}
+
+
+class Attack(ast.NodeTransformer):
+    """A copier's short ast script, one trick: "star" (operators as add(a, b) after `from operator import *`),
+    "dunder" (op = __import__('operator'); op.add(a, b)), "helpers" (the student's own def add(a, b): return a + b,
+    and calls of it), "swapped" (the operands of + and * swapped, a < b as b > a)."""
+
+    def __init__(self, trick):
+        self.trick = trick
+
+    def call(self, op, *args):
+        name = OPERATORS[type(op)]
+        f = ast.Attribute(ast.Name("op", ast.Load()), name, ast.Load()) if self.trick == "dunder" else \
+            ast.Name(name if self.trick == "star" else f"my_{name}", ast.Load())
+        return ast.Call(f, list(args), [])
+
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+        if self.trick == "swapped":
+            if isinstance(node.op, (ast.Add, ast.Mult)):
+                node.left, node.right = node.right, node.left
+            return node
+        return self.call(node.op, node.left, node.right) if type(node.op) in OPERATORS else node
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        if len(node.ops) != 1 or type(node.ops[0]) not in OPERATORS:
+            return node
+        if self.trick == "swapped":
+            if type(node.ops[0]) in MIRROR:
+                return ast.Compare(node.comparators[0], [MIRROR[type(node.ops[0])]()], [node.left])
+            return node
+        return self.call(node.ops[0], node.left, node.comparators[0])
+
+
+def attacked(lines: list, trick: str) -> list:
+    return ast.unparse(ast.fix_missing_locations(Attack(trick).visit(ast.parse("\n".join(lines))))).splitlines()
+
+
+PREAMBLE = {"star": "from operator import *\n", "dunder": "op = __import__('operator')\n", "swapped": "",
+            "helpers": "".join(f"\n\ndef my_{name}(a, b):\n    '''{name}, my own'''\n    return a {symbol} b\n"
+                               for name, symbol in [("add", "+"), ("sub", "-"), ("mul", "*"), ("truediv", "/"),
+                                                    ("pow", "**"), ("lt", "<"), ("gt", ">"), ("le", "<="),
+                                                    ("ge", ">="), ("eq", "=="), ("ne", "!=")])}
+FOUR = ["returns", "gae", "grpo", "ppo_clip"]
+
+
+def submitted(tmp_path, name, code: dict, after="", before="") -> dict:
+    write_handout(tmp_path / name, only=FOUR)
+    for ex in FOUR:
+        fill(tmp_path / name / "agentic_rl.py", ex, code[ex] if isinstance(code[ex], list) else code[ex].splitlines())
+    text = (tmp_path / name / "agentic_rl.py").read_text()
+    at = text.index("\nimport ")                                    # after the module's docstring
+    return {"agentic_rl.py": text[:at + 1] + before + text[at + 1:] + after}
+
+
+@SLOW_SANDBOX
+def test_the_cheap_disguises_of_a_copy_are_flagged_and_fresh_solutions_are_not(tmp_path, capsys):
+    """A red team's rows: the student's own operator helpers, `from operator import *`, `__import__('operator')` and
+    swapped operands took a verbatim copy to 0.03-0.08 at full marks; one padding line (a 100,000-word comment, 800
+    empty functions, 40,000 one-line statements) pushed it past the budget, "not compared". Each is flagged now, the
+    padded ones too large to compare whole and their exercises compared alone; fresh solutions are not flagged."""
+    reference = reference_code(tuple(sorted(FOUR)))
+    copies = {trick: submitted(tmp_path, trick, {ex: attacked(solution(ex), trick) for ex in FOUR},
+                               before=PREAMBLE[trick] if trick != "helpers" else "", after=PREAMBLE[trick]
+                               if trick == "helpers" else "") for trick in ("star", "dunder", "helpers", "swapped")}
+    verbatim = {ex: solution(ex) for ex in FOUR}
+    padding = {"a 100,000-word comment": "# " + " ".join(["word"] * 100_000) + "\n",
+               "800 empty functions": "".join(f"\ndef pad_{i}():\n    pass\n" for i in range(800)),
+               "40,000 one-line statements": "".join(f"x_{i} = {i}\n" for i in range(40_000))}
+    copies.update({pad: submitted(tmp_path, f"pad{i}", verbatim, after=text) for i, (pad, text) in
+                   enumerate(padding.items())})
+    for name, files in copies.items():
+        own = own_code_within(files, FOUR)
+        sim = similarity(own, reference)
+        with capsys.disabled():
+            print(f"\n{name}: whole {sim['share']:.2f}; " + ", ".join(f"{ex} {r['share']:.2f}" for ex, r in
+                                                                     sim["exercises"].items()) +
+                  (f"; {sim['too_large']}" if sim["too_large"] else ""))
+        assert sim["flagged"] and min(r["share"] for r in sim["exercises"].values()) >= 0.9, (name, sim["exercises"])
+        assert not sim["not_compared"], sim["not_compared"]
+    for student, code in FRESH.items():
+        sim = similarity(own_code(submitted(tmp_path, f"fresh-{student}", code), FOUR), reference)
+        assert not sim["flagged"], (student, sim["share"], {ex: r["share"] for ex, r in sim["exercises"].items()})
+
+
+def test_normalization_undoes_operator_imports_helpers_swaps_and_filler():
+    """Each trick, on a few lines, normalizes to the tokens of the original (names alike: the fingerprints')."""
+    from course.similarity import normalized_module, normalized_tokens
+    tokens = lambda text: [t for t, _ in normalized_tokens(normalized_module(text)[0]["f"])]
+    original = "import torch\n\ndef f(a, b, c):\n    if a < b:\n        return (a + b) * c - 1\n    return a\n"
+    for trick in ("star", "dunder", "helpers", "swapped"):
+        body = "\n".join(attacked(original.splitlines(), trick))
+        text = PREAMBLE[trick] + body if trick != "helpers" else body + PREAMBLE[trick]
+        text += "\n\ndef unused():\n    '''nothing'''\n    pass\n"
+        text = text.replace("return a\n", "return a\n    x = 1\n    return x\n") + "\nif False:\n    y = 2\n"
+        assert tokens(text) == tokens(original), (trick, text)
+        assert "unused" not in normalized_module(text)[0]
+
+
+def test_a_submission_near_1_00_against_the_reference_keeps_its_points_pending(tmp_path, shared_sandbox):
+    """A near copy of the public reference (1.00) keeps its points pending until a person decides, and the staff see
+    it; a fresh solution scores as it passes."""
+    from course.report import pending_points, score, state
+    for name, code in (("copy", {"returns": solution("returns"), "gae": solution("gae")}),
+                       ("fresh", {"returns": FRESH["terse"]["returns"], "gae": FRESH["terse"]["gae"]})):
+        write_handout(tmp_path / name, only=["returns", "gae"])
+        for ex, lines in code.items():
+            fill(tmp_path / name / "agentic_rl.py", ex, lines if isinstance(lines, list) else lines.splitlines())
+        report = grade(tmp_path / name, only=["returns", "gae"], time_limit=20)
+        rows = exercises(report)
+        staff = gradescope_results(report, 1.0)["tests"][-1]["output"]
+        if name == "copy":
+            assert all(state(r) == "pending" and score(r)[0] == 0 and pending_points(r) == r["points"]
+                       for r in rows.values()), rows
+            assert "near copy" in staff and "held for a person: pending" in staff, staff
+        else:
+            assert all(state(r) is None and score(r)[0] == r["points"] for r in rows.values()), rows
+
+
+# ------------------------------------------------------------------------------------------------
+# A hang costs each exercise its limit once; a killed grading leaves nothing behind
+# ------------------------------------------------------------------------------------------------
+def test_an_endless_loop_at_import_costs_one_time_limit_not_one_per_exercise(tmp_path, shared_sandbox):
+    """A red team's row: a submission that hangs at import took every exercise's time limit, one after the other
+    (about 572 s before the audit started). Its files are imported once: the first exercise pays the limit, the
+    others read that they were not run again."""
+    write_handout(tmp_path / "sub", only=["returns", "gae", "grpo"])
+    with open(tmp_path / "sub" / "agentic_rl.py", "a") as f:
+        f.write("\nwhile True:\n    pass\n")
+    started = time.monotonic()
+    report = exercises(grade(tmp_path / "sub", only=["returns", "gae", "grpo"], time_limit=3))
+    seconds = time.monotonic() - started
+    statuses = [c["status"] for row in report.values() for c in row["checks"]]
+    assert set(statuses) == {"time limit"} and seconds < 3 * 2 + 4, (statuses, seconds)
+    assert "not run again" in report["grpo"]["checks"][0]["message"], report["grpo"]
+
+
+@SLOW_SANDBOX
+def test_a_killed_grading_leaves_no_cgroup_and_no_server_behind(tmp_path):
+    """A red team's row: a grading killed mid-exercise (Gradescope's timeout, a TA's kill -9) left its workers' empty
+    cgroups behind. The fork server sees its grader gone, kills what the exercise started and removes the cgroups;
+    one it could not (the server killed too) the next grading removes."""
+    if os.getuid() != 0:
+        pytest.skip("cgroups are made as root only")
+    write_handout(tmp_path / "sub", only=["kl_k3"])
+    fill(tmp_path / "sub" / "agentic_rl.py", "kl_k3", ["import time", "time.sleep(600)"])
+    before = set(cgroups())
+    grading = subprocess.Popen([sys.executable, "-m", "course", "grade", tmp_path / "sub", "--only", "kl_k3",
+                                "--rerun", "0"], cwd=course.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not set(cgroups()) - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    made = set(cgroups()) - before
+    if not made:
+        grading.kill()
+        pytest.skip("no cgroup was made on this machine")
+    servers = {path.rsplit("/", 1)[1].split("-")[2] for path in made}
+    grading.send_signal(signal.SIGKILL)
+    grading.wait()
+    deadline = time.monotonic() + 30
+    while (set(cgroups()) & made or any(os.path.exists(f"/proc/{pid}") for pid in servers)) and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not set(cgroups()) & made and not any(os.path.exists(f"/proc/{pid}") for pid in servers)
+
+
+def cgroups() -> list:
+    import glob
+    return glob.glob("/sys/fs/cgroup/**/agentic-rl-*-*", recursive=True)
