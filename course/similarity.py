@@ -92,10 +92,15 @@ class Canonical(ast.NodeTransformer):
         if "*" in self.functions:                      # from operator import *: every name of it
             self.functions.update({name: name for name in [*OPERATIONS, "getitem", "contains"]})
         self.helpers, self.depth = one_line_helpers(tree), 0    # def add(a, b): return a + b, the student's own
+        self.torch = {a.asname or a.name for n in imports if isinstance(n, ast.Import) for a in n.names
+                      if a.name == "torch"}
 
     def visit_Call(self, node):
         self.generic_visit(node)
         f, args = node.func, node.args
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in self.torch and args and \
+                f.attr in tensor_methods() and not isinstance(args[0], ast.Starred):   # torch.exp(x) as x.exp()
+            return ast.Call(ast.Attribute(args[0], f.attr, ast.Load()), args[1:], node.keywords)
         if node.keywords or any(isinstance(a, ast.Starred) for a in args):
             return node
         if isinstance(f, ast.Attribute) and imported_operator(f.value):     # __import__("operator").add(a, b)
@@ -162,6 +167,13 @@ def ordered(node):
                                                                                        ast.IsNot)):
         node.left, node.comparators[0] = sorted((node.left, node.comparators[0]), key=shape)
     return node
+
+
+@functools.cache
+def tensor_methods() -> frozenset:
+    """What torch spells both ways, torch.NAME(x, ...) and x.NAME(...): the first is written as the second."""
+    import torch
+    return frozenset(n for n in dir(torch.Tensor) if not n.startswith("_") and callable(getattr(torch, n, None)))
 
 
 COMMUTATIVE = (ast.Add, ast.Mult, ast.BitAnd, ast.BitOr, ast.BitXor)

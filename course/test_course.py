@@ -93,7 +93,11 @@ def test_a_fresh_handout_scores_zero_leaks_nothing_and_round_trips(tmp_path):
 
 
 @SLOW_SANDBOX
-def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zero_and_fails_loudly(tmp_path):
+def test_the_autograder_bundle_holds_a_copy_of_the_reference_for_a_person_a_fresh_handout_at_zero_and_fails_loudly(
+        tmp_path):
+    """The bundle grades as grade does: the public reference handed in passes every check, and its points wait for a
+    person (a near copy of the public reference: pending review, the staff's hidden test says why); a blank handout
+    scores 0; a grader that writes nothing fails loudly."""
     import zipfile
     bundle = tmp_path / "autograder.zip"
     write_autograder(bundle, silent_bug="ratio_always_one", hidden_seed=SECRET)
@@ -125,8 +129,7 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
         scores[name] = json.loads((root / "results" / "results.json").read_text())
         if "lacks part of its sandbox" in scores[name]["output"]:      # the bundle grades with --require-isolation
             pytest.skip("this machine gives the workers less than the whole sandbox: the bundle refused to grade")
-    total = sum(points for points, _ in EXERCISES.values())   # the experiments' points: pending (no audit here)
-    assert scores["reference"]["score"] == pytest.approx(total) and scores["handout"]["score"] == 0
+    assert scores["reference"]["score"] == 0 and scores["handout"]["score"] == 0
     for name, results in scores.items():                             # Gradescope's results.json format
         assert set(results) >= {"score", "execution_time", "output", "visibility", "stdout_visibility", "tests"}
         *graded, read_e8, read_e3, staff = results["tests"]   # then the prose a person reads, and the staff's
@@ -135,12 +138,15 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
         assert read_e8["name"] == "silent_bug: silent_bug (read by the course staff)" and read_e8["max_score"] == 0
         assert staff["max_score"] == 0 and "sandbox: " in staff["output"] and "sandbox" not in results["output"]
         assert ("similarity to the public reference: 1.00" in staff["output"]) == (name == "reference"), staff
+        assert (f"held for a person: pending ({EXERCISES['gae'][0]:g} points" in staff["output"]) == \
+            (name == "reference") and ("near copy" in staff["output"]) == (name == "reference"), staff
         for t in graded:
             experiment = t["name"].split()[0] in EXPERIMENTS
             assert set(t) >= {"name", "score", "max_score", "number", "output", "visibility"}
             assert t["visibility"] in ("visible", "after_published")
-            assert (t["score"] == t["max_score"]) if name == "reference" and not experiment else t["score"] == 0
-            assert "pending review" in t["output"] if name == "reference" and experiment else "pending" not in t["output"]
+            assert t["score"] == 0 and (t["output"].count("[passed]") == t["output"].count("[") if name ==
+                                        "reference" and not experiment else True), t
+            assert "pending review" in t["output"] if name == "reference" else "pending" not in t["output"]
             assert t["max_score"] == pytest.approx(0.5 * dict(EXERCISES, **{k: (v,) for k, v in EXPERIMENTS.items()})[
                 t["name"].split()[0]][0]), "visible and hidden checks carry half the points each"
     (root / "source" / "agentic_rl.py").write_text("import sys\nsys.exit(7)\n")   # a grader that writes nothing
@@ -539,9 +545,10 @@ def test_a_mechanical_rewrite_of_the_whole_reference_is_flagged(capsys):
 @SLOW_SANDBOX
 def test_the_similarity_report_keeps_to_its_budget_and_grading_goes_on(tmp_path):
     """A red team's row: the report ran in the grader's process with no budget, and 400 three-line helpers took a
-    12 s grading to 170 s. 400 now cost a few seconds; a submission past SIMILARITY_FUNCTIONS or SIMILARITY_TOKENS, or
-    one the report cannot finish within its seconds, is "too large to compare: N functions, M tokens", for the staff,
-    never a copy; a file that did not compile or could not be read is "not compared"."""
+    12 s grading to 170 s. 400 now cost a few seconds; a submission past SIMILARITY_FUNCTIONS or SIMILARITY_TOKENS is
+    "too large to compare whole", its exercises' functions compared alone, and flagged for the staff; one the report
+    cannot finish within its seconds is flagged too; a file that did not compile or could not be read is "not
+    compared"."""
     from course.similarity import SIMILARITY_FUNCTIONS, own_code_within
     everything = list(EXERCISES)
     files = {name: (course.REPO / name).read_text() for name in ("agentic_rl.py", "envs.py")}
@@ -554,11 +561,15 @@ def test_the_similarity_report_keeps_to_its_budget_and_grading_goes_on(tmp_path)
         seconds.append(time.monotonic() - t)
         assert not own["not_compared"] and similarity(own, reference_code(tuple(sorted(everything))))["flagged"]
     assert seconds[1] - seconds[0] < 10, seconds                      # measured: about 2 s more (README)
-    for own in (own_code_within({**files, "agentic_rl.py": helpers(SIMILARITY_FUNCTIONS)}, everything),
-                own_code_within({**files, "agentic_rl.py": helpers(400)}, everything, seconds=0.2)):
-        sim = similarity(own, reference_code(tuple(sorted(everything))))
-        assert re.fullmatch(r"too large to compare: \d+ functions, \d+ tokens \(.*\)", own["not_compared"]["agentic_rl.py"])
-        assert not sim["flagged"] and any(line.startswith("agentic_rl.py: too large") for line in sim["not_compared"])
+    own = own_code_within({**files, "agentic_rl.py": helpers(SIMILARITY_FUNCTIONS)}, everything)
+    sim = similarity(own, reference_code(tuple(sorted(everything))))         # its exercises compared alone, flagged
+    assert re.fullmatch(r"too large to compare whole: \d+ functions, \d+ tokens \(.*\): its exercises' functions "
+                        r"compared alone; read it", own["too_large"]["agentic_rl.py"]) and not own["not_compared"]
+    assert sim["flagged"] and sim["too_large"] and min(r["share"] for r in sim["exercises"].values()) == 1.0
+    own = own_code_within({**files, "agentic_rl.py": helpers(400)}, everything, seconds=0.2)
+    sim = similarity(own, reference_code(tuple(sorted(everything))))         # not done in time: the staff's to read
+    assert re.fullmatch(r"too large to compare: \d+ functions, \d+ tokens \(.*\): read it", own["not_compared"]["agentic_rl.py"])
+    assert sim["flagged"] and any(line.startswith("agentic_rl.py: too large") for line in sim["not_compared"])
     own = own_code_within({"envs.py": files["envs.py"]}, everything, {"agentic_rl.py": "SyntaxError: invalid syntax"})
     sim = similarity(own, reference_code(tuple(sorted(everything))))
     assert not sim["flagged"] and sim["not_compared"] == ["agentic_rl.py: SyntaxError: invalid syntax"] and \

@@ -264,7 +264,7 @@ def test_an_endless_loop_at_import_costs_one_time_limit_not_one_per_exercise(tmp
 
 
 @SLOW_SANDBOX
-def test_a_killed_grading_leaves_no_cgroup_and_no_server_behind(tmp_path):
+def test_a_killed_grading_leaves_no_cgroup_and_no_server_behind(tmp_path, private_installation):
     """A red team's row: a grading killed mid-exercise (Gradescope's timeout, a TA's kill -9) left its workers' empty
     cgroups behind. The fork server sees its grader gone, kills what the exercise started and removes the cgroups;
     one it could not (the server killed too) the next grading removes."""
@@ -274,14 +274,18 @@ def test_a_killed_grading_leaves_no_cgroup_and_no_server_behind(tmp_path):
     fill(tmp_path / "sub" / "agentic_rl.py", "kl_k3", ["import time", "time.sleep(600)"])
     before = set(cgroups())
     grading = subprocess.Popen([sys.executable, "-m", "course", "grade", tmp_path / "sub", "--only", "kl_k3",
-                                "--rerun", "0"], cwd=course.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                "--rerun", "0"], cwd=private_installation, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
-    while not set(cgroups()) - before and time.monotonic() < deadline:
+    while not set(cgroups()) - before and time.monotonic() < deadline and grading.poll() is None:
         time.sleep(0.2)
     made = set(cgroups()) - before
     if not made:
         grading.kill()
-        pytest.skip("no cgroup was made on this machine")
+        printed = grading.communicate()[0]
+        if "cgroup v" not in printed:
+            pytest.skip(f"no cgroup on this machine: {printed[-300:]}")
+        pytest.fail(f"the grading made no cgroup that this test could see: {printed[-2000:]}")
     servers = {path.rsplit("/", 1)[1].split("-")[2] for path in made}
     grading.send_signal(signal.SIGKILL)
     grading.wait()
