@@ -480,15 +480,17 @@ def exercises_alone(out: dict, text: str, name: str, exercises, blanked):
     """own_code's exercises (and the planted bugs) of a file too large to compare whole: each exercise's function
     taken alone (function_source), normalized and fingerprinted against the handout's."""
     given_functions, _ = normalized_module(handout_text(name, blanked))
+    imports = "".join(re.findall(r"^(?:import|from)[ \t].*\n", text, re.M))     # how its names were imported
+    alone = lambda qualname: (normalized_module(imports + function_source(text, qualname)) or ({}, ""))[0].get(
+        qualname.split(".")[-1], "")
     for ex in exercises:
         file, qualname = solution_functions()[ex]
         if file == name:
-            mine = (normalized_module(function_source(text, qualname)) or ({}, ""))[0].get(qualname.split(".")[-1], "")
+            mine = alone(qualname)
             out["exercises"][ex] = (mine, own_fingerprints(mine, given_functions.get(qualname, "")))
     if name == "agentic_rl.py":
         out["planted"] = [bug for bug, (function, lines) in planted_lines().items() if lines and set(lines) <= {
-            line.strip() for line in ((normalized_module(function_source(text, function)) or ({}, ""))[0]
-                                      .get(function.split(".")[-1], "")).splitlines()}]
+            line.strip() for line in alone(function).splitlines()}]
 
 
 def own_code_within(files: dict, exercises, unreadable=None, seconds: float = SIMILARITY_SECONDS) -> dict:

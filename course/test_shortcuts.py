@@ -160,8 +160,28 @@ class Attack(ast.NodeTransformer):
         return self.call(node.ops[0], node.left, node.comparators[0])
 
 
+class Methods(ast.NodeTransformer):
+    """torch.F(x, ...) as x.F(...), and x.F(...) as torch.F(x, ...): the same torch call spelled the other way."""
+    NAMES = {"exp", "log", "sum", "mean", "abs", "clamp", "min", "max", "std", "sqrt"}
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        f = node.func
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "torch" and \
+                f.attr in self.NAMES and node.args:
+            return ast.Call(ast.Attribute(node.args[0], f.attr, ast.Load()), node.args[1:], node.keywords)
+        if isinstance(f, ast.Attribute) and f.attr in self.NAMES and not (isinstance(f.value, ast.Name) and
+                                                                          f.value.id in ("torch", "np", "math")):
+            return ast.Call(ast.Attribute(ast.Name("torch", ast.Load()), f.attr, ast.Load()), [f.value, *node.args],
+                            node.keywords)
+        return node
+
+
 def attacked(lines: list, trick: str) -> list:
-    return ast.unparse(ast.fix_missing_locations(Attack(trick).visit(ast.parse("\n".join(lines))))).splitlines()
+    tree = ast.parse("\n".join(lines))
+    for one in trick.split("+"):
+        tree = Methods().visit(tree) if one == "methods" else Attack(one).visit(tree)
+    return ast.unparse(ast.fix_missing_locations(tree)).splitlines()
 
 
 PREAMBLE = {"star": "from operator import *\n", "dunder": "op = __import__('operator')\n", "swapped": "",
@@ -181,16 +201,56 @@ def submitted(tmp_path, name, code: dict, after="", before="") -> dict:
     return {"agentic_rl.py": text[:at + 1] + before + text[at + 1:] + after}
 
 
+HAND = {  # what still evades (STAFF.md): the reference's four solutions rewritten by hand, about five minutes'
+        # work: the same computation, statements reordered and split, loops and torch calls written another way
+"returns": """G = torch.zeros_like(r)
+acc = 0.0
+k = len(r) - 1
+while k >= 0:
+    acc = acc * gamma + r[k]
+    G[k] = acc
+    k -= 1
+return G""",
+"gae": """values_next = torch.cat([v[1:], torch.tensor([last_value if bootstrap else 0.0])])
+deltas = r + gamma * values_next - v
+A = torch.zeros_like(r)
+carry = 0.0
+for k in range(len(r) - 1, -1, -1):
+    carry = deltas[k] + gamma * lam * carry
+    A[k] = carry
+returns = A + v
+return A, returns""",
+"grpo": """mean = r.mean(dim=-1, keepdim=True)
+same = (r == r[..., :1]).all(dim=-1, keepdim=True)
+out = torch.where(same, torch.zeros_like(r), r - mean)
+if std != "none":
+    out = out / (r.std(dim=-1, keepdim=True, unbiased=std == "unbiased") + eps)
+return out""",
+"ppo_clip": """lr = logprobs - old_logprobs
+r = torch.exp(lr)
+unclipped = advantages * r
+clipped = advantages * torch.clamp(r, min=1 - clip_eps, max=1 + clip_eps)
+objective = torch.minimum(unclipped, clipped)
+loss = -(objective * mask).sum() / n
+with torch.no_grad():
+    deviation = (r - 1).abs()
+    clip_frac = ((deviation > clip_eps).float() * mask).sum() / n
+    approx_kl = (((r - 1) - lr) * mask).sum() / n
+return loss, {"clip_frac": float(clip_frac), "approx_kl": float(approx_kl)}"""}
+
 @SLOW_SANDBOX
 def test_the_cheap_disguises_of_a_copy_are_flagged_and_fresh_solutions_are_not(tmp_path, capsys):
     """A red team's rows: the student's own operator helpers, `from operator import *`, `__import__('operator')` and
     swapped operands took a verbatim copy to 0.03-0.08 at full marks; one padding line (a 100,000-word comment, 800
     empty functions, 40,000 one-line statements) pushed it past the budget, "not compared". Each is flagged now, the
-    padded ones too large to compare whole and their exercises compared alone; fresh solutions are not flagged."""
+    padded ones too large to compare whole and their exercises compared alone; fresh solutions are not flagged, and
+    neither is a thoughtful hand rewrite of the reference (STAFF.md: what still evades it, these shares)."""
     reference = reference_code(tuple(sorted(FOUR)))
     copies = {trick: submitted(tmp_path, trick, {ex: attacked(solution(ex), trick) for ex in FOUR},
                                before=PREAMBLE[trick] if trick != "helpers" else "", after=PREAMBLE[trick]
                                if trick == "helpers" else "") for trick in ("star", "dunder", "helpers", "swapped")}
+    copies["methods+swapped"] = submitted(tmp_path, "methods", {ex: attacked(solution(ex), "methods+swapped")
+                                                                for ex in FOUR})
     verbatim = {ex: solution(ex) for ex in FOUR}
     padding = {"a 100,000-word comment": "# " + " ".join(["word"] * 100_000) + "\n",
                "800 empty functions": "".join(f"\ndef pad_{i}():\n    pass\n" for i in range(800)),
@@ -206,9 +266,19 @@ def test_the_cheap_disguises_of_a_copy_are_flagged_and_fresh_solutions_are_not(t
                   (f"; {sim['too_large']}" if sim["too_large"] else ""))
         assert sim["flagged"] and min(r["share"] for r in sim["exercises"].values()) >= 0.9, (name, sim["exercises"])
         assert not sim["not_compared"], sim["not_compared"]
-    for student, code in FRESH.items():
-        sim = similarity(own_code(submitted(tmp_path, f"fresh-{student}", code), FOUR), reference)
+    own = {}
+    for student, code in [*FRESH.items(), ("a hand rewrite", HAND)]:
+        own[student] = own_code(submitted(tmp_path, f"fresh-{len(own)}", code), FOUR)
+        sim = similarity(own[student], reference)
+        with capsys.disabled():
+            print(f"\n{student}: whole {sim['share']:.2f}; " + ", ".join(f"{ex} {r['share']:.2f}" for ex, r in
+                                                                        sim["exercises"].items()))
         assert not sim["flagged"], (student, sim["share"], {ex: r["share"] for ex, r in sim["exercises"].items()})
+    sim = similarity(own["terse"], own["textbook"])
+    with capsys.disabled():
+        print(f"\nterse against textbook: whole {sim['share']:.2f}; " +
+              ", ".join(f"{ex} {r['share']:.2f}" for ex, r in sim["exercises"].items()))
+    assert not sim["flagged"]
 
 
 def test_normalization_undoes_operator_imports_helpers_swaps_and_filler():
