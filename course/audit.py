@@ -34,7 +34,7 @@ from course.lesson import (CLOCK_SETTINGS, E3_RUN, E8_RUNS, clock_numbers_are_yo
                            silent_bug_answer_carries_the_runs_before_and_after_the_fix)
 
 
-AUDIT_SECONDS = 120.0   # the audit's seconds per grading (grade's and the bundle's default): every record's
+AUDIT_SECONDS = 150.0   # the audit's seconds per grading (grade's and the bundle's default): every record's
                         # demonstrations, then one drawn warm start of each experiment trained again, at once, one
                         # thread each (STAFF.md: the seconds measured)
 FULL_RERUN_SECONDS = 600.0   # grade --full-rerun: a drawn record's whole run trained again (STAFF.md: 97-315 s for one)

@@ -105,8 +105,9 @@ def main(argv):
                     raise ValueError("--student: a handout is made for a student (--out), the bundle grades them all")
                 rerun = AUDIT_SECONDS if args.rerun is None else args.rerun
                 print(f"wrote {args.autograder}: {', '.join(write_autograder(args.autograder, only, bug, secret, rerun))}"
-                      + f"; set Gradescope's autograder timeout to {gradescope_minutes(rerun)} minutes (STAFF.md: a "
-                        "submission takes a few minutes; a hanging one costs each exercise its time limit once)")
+                      + f"; Gradescope's autograder timeout must be {gradescope_minutes(rerun)} minutes or more (its "
+                        f"default, 10, is {'enough' if gradescope_minutes(rerun) <= 10 else 'too short: raise it'}): "
+                        "code that hangs in every exercise costs each its time limit once, and the audit its seconds")
             elif args.rerun is not None:
                 raise ValueError("--rerun: the audit's seconds go into a bundle (--autograder); a handout has none")
             else:

@@ -369,3 +369,45 @@ def test_a_killed_grading_leaves_no_cgroup_and_no_server_behind(tmp_path, privat
 def cgroups() -> list:
     import glob
     return glob.glob("/sys/fs/cgroup/**/agentic-rl-*-*", recursive=True)
+
+
+def test_the_oom_killer_taking_a_compilers_worker_is_the_memory_limit(monkeypatch):
+    """A red team's row: when the kernel's OOM killer took a worker where the grader did not expect it (the
+    compiler's), the grading failed or read as another verdict. It is the memory limit, the student's file's alone."""
+    from course import grading
+    from course.sandbox import WorkerOutOfMemory
+
+    def killed(*args, **kwargs):
+        raise WorkerOutOfMemory("the kernel killed your code at the memory limit")
+    monkeypatch.setattr(grading, "Worker", killed)
+    problems = grading.compile_problems(None, {"agentic_rl.py": ("x = 1\n", None), "envs.py": ("y = 2\n", None)}, 5)
+    assert {name: problem[0] for name, problem in problems.items()} == {"agentic_rl.py": "memory limit",
+                                                                         "envs.py": "memory limit"}, problems
+
+
+def test_a_worker_the_oom_killer_took_is_the_memory_limit_however_the_grader_learns_of_it(tmp_path):
+    """The worker's socket closed under a request, or its deadline passed while a frame came in: where its cgroup
+    counts an OOM kill, the verdict is the memory limit, never "your code ended its process" or "an endless loop"."""
+    import socket
+    import types
+    from course.sandbox import GradeTimeout, Worker, WorkerGone, WorkerOutOfMemory
+    (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    for oom_kill, expected in ((1, WorkerOutOfMemory), (0, WorkerGone)):
+        (tmp_path / "memory.oom_control").write_text(f"oom_kill_disable 0\nunder_oom 0\noom_kill {oom_kill}\n")
+        worker = object.__new__(Worker)
+        ours, theirs = socket.socketpair()
+        theirs.close()
+        ours.shutdown(socket.SHUT_WR)
+        worker.__dict__.update(sock=ours, cgroups=[str(tmp_path)], deadline=time.monotonic() + 5, callbacks=[],
+                               tail=bytearray(), asked=0, allowed=set(), broken="",
+                               sandbox=types.SimpleNamespace(clean=lambda: None, memory=1 << 30))
+        with pytest.raises(expected):
+            worker.value(op="call", target=0, args=[])
+    quiet, peer = socket.socketpair()                  # nothing comes in, and nothing closes
+    worker.__dict__.update(deadline=time.monotonic() - 1, sock=quiet)
+    (tmp_path / "memory.oom_control").write_text("oom_kill 1\n")
+    with pytest.raises(WorkerOutOfMemory):
+        worker._wait_for_a_frame()
+    (tmp_path / "memory.oom_control").write_text("oom_kill 0\n")
+    with pytest.raises(GradeTimeout):
+        worker._wait_for_a_frame()
