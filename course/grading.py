@@ -11,8 +11,8 @@ from pathlib import Path
 
 from course.audit import audit
 from course.checks import EXPERIMENT_CHECKS, HIDDEN, HOMEWORK, NotChecked
-from course.exercises import (ANSWER_FIELDS, CALLBACKS, EXERCISE_FILE, EXERCISES, EXPERIMENTS, READ_BY_A_PERSON, TIME_LIMIT,
-                              filled_in)
+from course.exercises import (ANSWER_FIELDS, CALLBACKS, EXERCISE_FILE, EXERCISES, EXPERIMENTS, READ_BY_A_PERSON,
+                              TIME_LIMIT, filled_in)
 from course.handouts import answers_template, check_only, handout_text
 from course.ids import answer_key, hidden_seed_of, installation_file, strong_secret
 from course.lesson import CLOCK_SETTINGS

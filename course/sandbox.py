@@ -697,8 +697,8 @@ class Sandbox:
                 fcntl.flock(self.lock, fcntl.LOCK_EX)
         ours, theirs = socket.socketpair()
         server = (send, receive, to_wire, from_wire, raised_by_a_statement, serve, worker, compile_only, isolate, private_root, system_paths,
-                  lock_down, seccomp_program, below, kill_all, as_sandbox_user, remove_leftovers, cgroup_parents, make_cgroup,
-                  remove_stale_cgroups, remove_cgroups, fork_server)
+                  lock_down, seccomp_program, below, kill_all, as_sandbox_user, remove_leftovers, cgroup_parents,
+                  make_cgroup, remove_stale_cgroups, remove_cgroups, fork_server)
         code = "\n".join([SERVER_IMPORTS, project_imports(), *map(inspect.getsource, server),
                           f"fork_server({theirs.fileno()})"])
         env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith(("OMP_", "MKL_", "OPENBLAS_", "LC_", "LANG"))}
