@@ -1,6 +1,7 @@
 """Handouts: the project with each exercise's solution blanked to a stub that says what to write, the open
 exercises' answers left out, and (--silent-bug) one realistic bug planted; nothing of course/ goes in one."""
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -137,8 +138,9 @@ def write_handout(out, only=None, silent_bug=None, hidden_seed=None, student=Non
             texts[name] = blank_solutions(texts[name], only, name)[0]
         for marker in STRIPPED.get(name, ()):
             texts[name] = strip_marked(texts[name], marker)
-        if name in STRIPPED:
-            texts[name] = "".join(line for line in texts[name].splitlines(keepends=True) if ANSWER_LINE not in line)
+        if name in STRIPPED:                   # and no run of blank lines where a region was
+            texts[name] = re.sub(r"\n{3,}", "\n\n", "".join(line for line in texts[name].splitlines(keepends=True)
+                                                          if ANSWER_LINE not in line))
     if not blanked:
         raise ValueError(f"{src}: no solution regions found (is this already a handout?)")
     blanked = [ex for ex in blanked if only is None or ex in only]
