@@ -251,8 +251,8 @@ def cannot_finish(settings, seconds, bug=None, warm_start_only=False):
 
 def test_no_automatic_point_for_an_experiment_a_forged_record_scores_0_and_the_staff_see_the_evidence(
         tmp_path, monkeypatch, shared_sandbox):
-    """A red team's rows: records made up in 20 seconds (the demonstrations computed, every other number guessed near
-    the README's) scored 132 of 132, both experiments "verified": the four numbers a rerun compared are guessable. No
+    """A red team's rows: records made up (the demonstrations computed, every other number guessed near
+    the README's) scored every point, both experiments "verified": the four numbers a rerun compared are guessable. No
     automatic point rests on them now: an experiment is contradicted (a record's demonstrations are not its settings':
     0, the record named, "record does not match a rerun") or pending, for a person, with the evidence beside the
     record: the warm start of a drawn record trained again, each dev task's outcome against the record's. An honest

@@ -241,7 +241,7 @@ return loss, {"clip_frac": float(clip_frac), "approx_kl": float(approx_kl)}"""}
 @SLOW_SANDBOX
 def test_the_cheap_disguises_of_a_copy_are_flagged_and_fresh_solutions_are_not(tmp_path, capsys):
     """A red team's rows: the student's own operator helpers, `from operator import *`, `__import__('operator')` and
-    swapped operands took a verbatim copy to 0.03-0.08 at full marks; one padding line (a 100,000-word comment, 800
+    swapped operands took a verbatim copy below every flag at full marks; one padding line (a 100,000-word comment, 800
     empty functions, 40,000 one-line statements) pushed it past the budget, "not compared". Each is flagged now, the
     padded ones too large to compare whole and their exercises compared alone; fresh solutions are not flagged, and
     neither is a thoughtful hand rewrite of the reference (STAFF.md: what still evades it, these shares)."""
@@ -320,7 +320,7 @@ def test_a_submission_near_1_00_against_the_reference_keeps_its_points_pending(t
 # ------------------------------------------------------------------------------------------------
 def test_an_endless_loop_at_import_costs_one_time_limit_not_one_per_exercise(tmp_path, shared_sandbox):
     """A red team's row: a submission that hangs at import took every exercise's time limit, one after the other
-    (about 572 s before the audit started). Its files are imported once: the first exercise pays the limit, the
+    (STAFF.md: the seconds). Its files are imported once: the first exercise pays the limit, the
     others read that they were not run again."""
     write_handout(tmp_path / "sub", only=["returns", "gae", "grpo"])
     with open(tmp_path / "sub" / "agentic_rl.py", "a") as f:
