@@ -295,6 +295,7 @@ def test_normalization_undoes_operator_imports_helpers_swaps_and_filler():
         assert "unused" not in normalized_module(text)[0]
 
 
+@SLOW_SANDBOX
 def test_a_submission_near_1_00_against_the_reference_keeps_its_points_pending(tmp_path, shared_sandbox):
     """A near copy of the public reference (1.00) keeps its points pending until a person decides, and the staff see
     it; a fresh solution scores as it passes."""
@@ -318,6 +319,7 @@ def test_a_submission_near_1_00_against_the_reference_keeps_its_points_pending(t
 # ------------------------------------------------------------------------------------------------
 # A hang costs each exercise its limit once; a killed grading leaves nothing behind
 # ------------------------------------------------------------------------------------------------
+@SLOW_SANDBOX
 def test_an_endless_loop_at_import_costs_one_time_limit_not_one_per_exercise(tmp_path, shared_sandbox):
     """A red team's row: a submission that hangs at import took every exercise's time limit, one after the other
     (STAFF.md: the seconds). Its files are imported once: the first exercise pays the limit, the
