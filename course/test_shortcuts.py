@@ -413,3 +413,25 @@ def test_a_worker_the_oom_killer_took_is_the_memory_limit_however_the_grader_lea
     (tmp_path / "memory.oom_control").write_text("oom_kill 0\n")
     with pytest.raises(GradeTimeout):
         worker._wait_for_a_frame()
+
+
+def test_the_similarity_page_says_who_shares_with_whom_and_who_carries_a_classmates_bug():
+    """A red team's row: the page lacked the planted-bug flag, the strongest sign of a copy, and a pair of classmates
+    had to be read off the index. Its first lines now say who shares with whom, each near copy of the reference and
+    each submission carrying a classmate's planted bug."""
+    from course.cli import who_shares
+    from course.similarity import side_by_side
+    sim = lambda share, flagged, large=(): {"share": share, "flagged": flagged, "too_large": list(large)}
+    reports = {"ana": {"~similarity": {"the public reference": sim(0.1, False), "bob": sim(0.81, True),
+                                       "cy": sim(0.2, False)}, "~bugs": {"own": None, "others": []}},
+               "bob": {"~similarity": {"the public reference": sim(0.97, True, ["agentic_rl.py: too large"]),
+                                       "ana": sim(0.79, True), "cy": sim(0.1, False)},
+                       "~bugs": {"own": "ratio_always_one", "others": ["one_group_per_batch"]}},
+               "cy": {"~similarity": {"the public reference": sim(0.05, False), "ana": sim(0.2, False),
+                                      "bob": sim(0.1, False)}, "~bugs": {"own": None, "others": []}}}
+    lines = who_shares(reports, list(reports))
+    assert lines[0] == "who shares with whom: ana and bob (0.81 of ana's, 0.79 of bob's)" and len(lines) == 3, lines
+    assert "bob shares 0.97 of its own code with the public reference; agentic_rl.py: too large" in lines
+    assert any(line.startswith("bob: its agentic_rl.py carries the silent bug 'one_group_per_batch'") for line in lines)
+    page = side_by_side("class", [], [], lines)
+    assert "who shares with whom: ana and bob" in page and "carries the silent bug &#x27;one_group_per_batch&#x27;" in page
