@@ -435,3 +435,27 @@ def test_the_similarity_page_says_who_shares_with_whom_and_who_carries_a_classma
     assert any(line.startswith("bob: its agentic_rl.py carries the silent bug 'one_group_per_batch'") for line in lines)
     page = side_by_side("class", [], [], lines)
     assert "who shares with whom: ana and bob" in page and "carries the silent bug &#x27;one_group_per_batch&#x27;" in page
+
+
+@SLOW_SANDBOX
+def test_the_public_code_with_computed_demonstrations_and_guessed_records_earns_no_automatic_point(
+        tmp_path, monkeypatch, shared_sandbox):
+    """The issue's "done when": the public code, with E3's and E8's records whose demonstrations are computed (the
+    audit's own recomputation, so no record is contradicted) and every other number the README's, earns 0 automatic
+    experiment points under the default audit (its warm starts not trained here: the evidence, not the points, is
+    what they add), and its code points wait for a person: a near copy of the reference."""
+    from course.audit import AUDIT_SECONDS, audited_runs, demonstrator_success
+    from course.report import pending_points, score, state
+    answers = reference_answers()
+    for ex in ("clock", "silent_bug"):
+        for _, record, settings, _ in audited_runs(ex, answers, {"seeds": [0, 1, 2], "silent_bug": "ratio_always_one"}):
+            warm = json.dumps({k: v for k, v in settings.items() if k not in ("algo", "bootstrap_budget")}, sort_keys=True)
+            record["summary"]["demonstrator_success"] = demonstrator_success(warm)
+    sub = answers_folder(tmp_path, answers)
+    for name in ("agentic_rl.py", "envs.py"):
+        (sub / name).write_text((course.REPO / name).read_text())
+    monkeypatch.setattr(course.audit, "rerun", lambda *a, **k: (_ for _ in ()).throw(subprocess.TimeoutExpired("t", 1)))
+    rows = exercises(grade(sub, silent_bug="ratio_always_one", rerun_seconds=AUDIT_SECONDS))
+    assert sum(score(row)[0] for row in rows.values()) == 0, {ex: score(row) for ex, row in rows.items()}
+    assert {ex: state(row) for ex, row in rows.items()} == {ex: "pending" for ex in rows}
+    assert sum(pending_points(row) for row in rows.values()) == 132
