@@ -25,9 +25,9 @@ The grader treats the submission as hostile:
 - every verdict is reached in the grader's process; hidden checks carry half of each exercise's points and
   draw their inputs from the course's secret (AGENTIC_RL_HIDDEN_SEED, or the bundle's root-only
   hidden_seed.txt), so no public file is an answer key; the experiments are graded on the runs' own records,
-  made with seeds drawn for each student, and their points are verified (a drawn record trained again
-  reproduces it), contradicted (a number that does not drift disagrees: 0) or pending, for a person: never
-  granted on trust (course/audit.py).
+  made with seeds drawn for each student, and no automatic point rests on evidence a guess can match: their
+  points are contradicted (a number that does not drift disagrees: 0) or pending, for a person, with the
+  audit's evidence beside each record (course/audit.py); a near copy of the public reference is pending too.
 """
 from pathlib import Path
 

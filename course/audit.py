@@ -1,15 +1,16 @@
-"""The audit: one rule for every automatic point of an experiment (E3, E8). Its points are
+"""The audit of the experiments' records (E3, E8). No automatic point for an experiment: a record's numbers that a
+rerun can check are the ones a guess matches (the warm start's, recomputed by anyone in seconds; a candidate's
+dev success of 1.000, all 200 dev tasks solved), and what a guess cannot match (the RL run's own curve) moves
+with the thread count and the machine (README: staff document, course/STAFF.md). So an experiment's points are
 - contradicted when a number that does not drift disagrees with a record: the demonstrator's success, recomputed
   here in a second or two for every record (numpy's generator and the environment's rules alone decide it): the
-  experiment scores 0, and the TA's line names the record;
-- verified when a record drawn at random, trained again here with its settings (and the handout's bug, where it was
-  made with it), reproduces it within TOLERANCE (the drift measured between thread counts, with room): the points
-  are scored;
-- pending otherwise (no rerun finished, or one drifted past its tolerance): the points go to a person with what the
-  audit saw, never granted, never taken.
-The record is drawn among those a rerun can check: a run that bootstraps the task's own budget is unstable, and
-another thread count moves its candidate by up to 0.885 of its dev success (README), as far as a guess could be.
-The experiments' reruns run at once, one thread each (a grader's two cores), within the audit's seconds."""
+  experiment scores 0, and the TA's line names the record ("record does not match a rerun");
+- pending otherwise, for a person, never granted and never taken: the staff grade them from the records and the
+  audit's evidence, beside each record: the warm start of a record drawn at random from each experiment trained
+  again here (seconds: the two experiments at once, one thread each), each of its dev tasks' outcome against the
+  record's (measured: none moves between 1 and 2 threads), and its SFT loss; with full=True (grade --full-rerun,
+  minutes) a record's whole run too, its numbers beside the record's.
+An experiment is never "verified": no automatic point rests on evidence a guess can match."""
 import functools
 import json
 import os
@@ -33,8 +34,10 @@ from course.lesson import (CLOCK_SETTINGS, E3_RUN, E8_RUNS, clock_numbers_are_yo
                            silent_bug_answer_carries_the_runs_before_and_after_the_fix)
 
 
-AUDIT_SECONDS = 600.0   # the audit's seconds per grading (grade's and the bundle's default): one drawn record of each
-                        # experiment trained again, at once, one thread each (README: 139-279 s measured for one)
+AUDIT_SECONDS = 150.0   # the audit's seconds per grading (grade's and the bundle's default): every record's
+                        # demonstrations, then one drawn warm start of each experiment trained again, at once, one
+                        # thread each (STAFF.md: the seconds measured)
+FULL_RERUN_SECONDS = 600.0   # grade --full-rerun: a drawn record's whole run trained again (STAFF.md: 97-315 s for one)
 TOLERANCE = {"warm start dev success": 0.05, "warm start SFT loss": 0.005,   # how far a rerun may move each number:
              "candidate dev success": 0.1, "mean training success": 0.1}      # the drift measured between 1, 2 and 4
                         # threads (README's drift table: 0, 0.0015, 0 and 0.034), with room for a seed or a machine
@@ -42,12 +45,21 @@ RECORD_CHECKS = {"clock": clock_numbers_are_your_runs_own_records.__name__,     
                  "silent_bug": silent_bug_answer_carries_the_runs_before_and_after_the_fix.__name__}  # these is audited
 
 
-def rerun(settings: dict, seconds: float, bug=None) -> dict:
+def dies_with_us():
+    """In a rerun's training process before it starts: killed when the grading that started it is (PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+def rerun(settings: dict, seconds: float, bug=None, warm_start_only=False) -> dict:
     """Train again here, within `seconds`, with the reference (and `bug` planted, as in the student's
     handout), these settings (the seed and the flags the experiment asks for, which record_of has found
-    in the record; every other setting at its default) on one thread; the new run's record."""
+    in the record; every other setting at its default) on one thread; the new run's record. warm_start_only:
+    no RL iteration (--iterations 0): the warm start and its report cards alone, as the whole run makes them."""
     flags = [part for name, value in settings.items() for part in
              [f"--{name.replace('_', '-')}"] + ([] if isinstance(value, bool) else [str(value)])]
+    flags += ["--iterations", "0"] if warm_start_only else []
     env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}      # the reference's training needs no secret
     with tempfile.TemporaryDirectory() as folder:
         script = course.REPO / "agentic_rl.py"
@@ -60,7 +72,7 @@ def rerun(settings: dict, seconds: float, bug=None) -> dict:
         threaded = f"import runpy, sys, torch; torch.set_num_threads(1); sys.argv[0] = {str(script)!r}; " \
                    f"sys.path.insert(0, {str(script.parent)!r}); runpy.run_path({str(script)!r}, run_name='__main__')"
         subprocess.run([sys.executable, "-c", threaded, "train", *flags, "--device", "cpu", "--run-dir", f"{folder}/run"],
-                       capture_output=True, timeout=seconds, check=True, cwd=folder, env=env)
+                       capture_output=True, timeout=seconds, check=True, cwd=folder, env=env, preexec_fn=dies_with_us)
         return run_record(f"{folder}/run")
 
 
@@ -137,30 +149,70 @@ def rerun_check(where: str, record: dict, settings: dict, bug, seconds: float) -
             "line": f"{where} (seed {settings['seed']}) trained again: " + ("; ".join(differ) + ": more than the drift "
                     "measured between thread counts" if differ else "reproduced " + ("bit for bit (its SFT loss and every "
                     "gradient norm)" if exact else "within the tolerances (not bit for bit: another machine or thread "
-                    "count)"))}
+                    "count)")) + f"; {same_outcomes(record, again, 'candidate')}"}
 
 
-def audit(report: dict, answers: dict, key: dict, seconds: float) -> None:
+def same_outcomes(record: dict, again: dict, who: str) -> str:
+    """How many of a report card's dev tasks (reports.WHO.dev: task_ids, per_task 1/0) end in the rerun as in the
+    record: the evidence a guess cannot match where a card is not all ones or all zeros."""
+    try:
+        mine, theirs = (r["summary"]["reports"][who]["dev"] for r in (record, again))
+        if mine["task_ids"] != theirs["task_ids"] or len(mine["per_task"]) != len(theirs["per_task"]):
+            return f"its {who}'s dev tasks are not those its settings evaluate"
+        same = sum(a == b for a, b in zip(mine["per_task"], theirs["per_task"]))
+        return f"{same} of {len(mine['per_task'])} of its {who}'s dev tasks end as in the record" + \
+            (f" ({len(mine['per_task']) - same} differ: measured, none moves between 1 and 2 threads)"
+             if same < len(mine["per_task"]) else "")
+    except (KeyError, TypeError, AttributeError):
+        return f"the record holds no per-task outcome of its {who} (summary.json's reports.{who}.dev, which a run " \
+               "writes)"
+
+
+def warm_start_check(where: str, record: dict, settings: dict, bug, seconds: float) -> str:
+    """The staff's evidence beside one record: its warm start trained again here on one thread (no RL iteration),
+    each dev task's outcome and the SFT loss against the record's. Never a point: a student who ran the warm start
+    and guessed the rest matches it; a guess alone does not."""
+    try:
+        again = rerun(settings, seconds, bug, warm_start_only=True)
+    except Exception as e:                              # the grader's time or machine, never the student's doing
+        return f"{where}: its warm start was not trained again ({type(e).__name__}" + \
+            (f", after {seconds:g} s)" if isinstance(e, subprocess.TimeoutExpired) else ")")
+    try:
+        loss = f"SFT loss {record['summary']['warm_start']['sft_loss']:.5g} in the record, " \
+               f"{again['summary']['warm_start']['sft_loss']:.5g} again"
+    except (KeyError, TypeError, ValueError):
+        loss = "no SFT loss to compare"
+    return f"{where} (seed {settings['seed']}): its warm start trained again here: " \
+           f"{same_outcomes(record, again, 'incumbent')}; {loss}"
+
+
+def audit(report: dict, answers: dict, key: dict, seconds: float, full: bool = False) -> None:
     """grade --rerun SECONDS: each experiment whose records pass their checks gets its audit, report[ex]["audit"]:
-    {"state": "verified", "contradicted" or "pending", "saw": what the audit saw, line by line}. Every record's
-    demonstrations are recomputed (contradictions: one that disagrees contradicts the experiment's points, which then
-    score 0); then one record of each experiment, drawn at random among those a rerun can check (checkable), is
-    trained again, the experiments at once, within `seconds` (rerun_check): reproduced, the experiment's points are
-    verified; drifted or unfinished, they are pending, for a person: never granted, never taken."""
+    {"state": "contradicted" or "pending", "saw": what the audit saw, line by line}. Every record's demonstrations
+    are recomputed (contradictions: one that disagrees contradicts the experiment's points, which then score 0);
+    otherwise its points are pending, for a person, never granted and never taken, with the evidence: the warm start
+    of one record of each experiment, drawn at random, trained again here (warm_start_check), the experiments at once
+    within `seconds`; with `full` (grade --full-rerun) a drawn record a rerun can check (checkable) trained whole again
+    too (rerun_check), within FULL_RERUN_SECONDS. No experiment is verified: no automatic point."""
     audited = [ex for ex, check in RECORD_CHECKS.items() if ex in report and
                any(c["name"] == check and c["status"] == "passed" for c in report[ex]["checks"])]
-    drawn = {}
+    drawn, whole = {}, {}
     for ex in audited:
         runs = audited_runs(ex, answers, key)
         differ = contradictions(runs)
         report[ex]["audit"] = {"state": "contradicted", "saw": differ} if differ else \
             {"state": "pending", "saw": [f"{len(runs)} records' demonstrations recomputed: each is its settings'"]}
-        drawn.update({} if differ else {ex: random.choice([run for run in runs if checkable(run[2], run[3])])})
+        if not differ:
+            drawn[ex] = random.choice(runs)
+            whole.update({ex: random.choice([run for run in runs if checkable(run[2], run[3])])} if full else {})
     deadline = time.monotonic() + seconds
     with ThreadPoolExecutor(max_workers=max(1, len(drawn))) as pool:   # each waits on its own training process
+        warm = {ex: pool.submit(lambda run: warm_start_check(*run, max(1.0, deadline - time.monotonic())), run)
+                for ex, run in drawn.items()}
+        for ex, future in warm.items():
+            report[ex]["audit"]["saw"].append(future.result())
+        deadline = time.monotonic() + FULL_RERUN_SECONDS
         checked = {ex: pool.submit(lambda run: rerun_check(*run, max(1.0, deadline - time.monotonic())), run)
-                   for ex, run in drawn.items()}
-    for ex, future in checked.items():
-        result = future.result()
-        report[ex]["audit"] = {"state": "verified" if result["state"] == "reproduced" else "pending",
-                               "saw": report[ex]["audit"]["saw"] + [result["line"]]}
+                   for ex, run in whole.items()}
+        for ex, future in checked.items():
+            report[ex]["audit"]["saw"].append(future.result()["line"])

@@ -5,7 +5,7 @@ import math
 from pathlib import Path
 
 import course
-from course.exercises import EXERCISES, EXPERIMENTS, SILENT_BUGS
+from course.exercises import EXERCISES, EXPERIMENTS, SILENT_BUGS, TIME_LIMIT
 from course.handouts import check_only
 from course.ids import strong_secret, student_name
 
@@ -50,8 +50,8 @@ def write_autograder(path, only=None, silent_bug=None, hidden_seed=None, rerun: 
     with the grading installation (the reference, every check, the secret); it grades --only's
     exercises when given, each submission against the handout ids of its submitters (Gradescope's
     submission_metadata.json), and audits the experiments' records with `rerun` seconds of training: an
-    experiment's points are scored once verified, 0 when contradicted, and pending review otherwise (0: every
-    experiment pending)."""
+    experiment's points are 0 when contradicted, and pending review otherwise, with the audit's evidence for the
+    staff (0: no audit, every experiment pending)."""
     import zipfile
     path = Path(path)
     if path.suffix != ".zip" or path.exists():
@@ -77,6 +77,12 @@ def write_autograder(path, only=None, silent_bug=None, hidden_seed=None, rerun: 
     except OSError as e:
         raise ValueError(f"--autograder {path}: cannot write there ({e.strerror or e})") from None
     return list(members)
+
+
+def gradescope_minutes(rerun: float, time_limit: float = TIME_LIMIT) -> int:
+    """The autograder timeout to set on Gradescope: a submission whose code hangs in every exercise (each costs its
+    time limit once, the two files' compilers theirs), the audit's seconds, and a minute to start and write."""
+    return math.ceil((time_limit * (len(EXERCISES) + 2) + rerun + 60) / 60)
 
 
 def gradescope_students(path) -> list:

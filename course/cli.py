@@ -6,14 +6,15 @@ import math
 import os
 import random
 import re
+import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from course.audit import AUDIT_SECONDS
-from course.bundle import gradescope_students, write_autograder
-from course.exercises import EXERCISES, SILENT_BUGS
+from course.audit import AUDIT_SECONDS, FULL_RERUN_SECONDS
+from course.bundle import gradescope_minutes, gradescope_students, write_autograder
+from course.exercises import EXERCISES, SILENT_BUGS, TIME_LIMIT
 from course.grading import SUBMISSION_FILES, grade, printable
 from course.handouts import write_handout
 from course.ids import SECRET_ENV
@@ -25,6 +26,10 @@ from course.similarity import side_by_side, similarity
 SECRET_ON_THE_COMMAND_LINE = (f"--hidden-seed: a secret on the command line can be read by every process of the "
                               f"machine, a student's code among them; put it in the environment ({SECRET_ENV}) or, in "
                               "a grading installation, in hidden_seed.txt, readable by root only")
+
+
+GRADED, GRADER_FAILED, REFUSED = 0, 1, 2   # grade's exit status: every submission graded (whatever it scored); the
+                                         # grader failed on one or more (their results say so); refused before grading
 
 
 def main(argv):
@@ -46,11 +51,14 @@ def main(argv):
                       f"knows it): answers.json carries an id and the experiments' seeds, made with the course's "
                       f"secret ({SECRET_ENV})")
     p_hw.add_argument("--rerun", type=float, default=None, help="with --autograder: seconds each grading spends "
-                      f"on the audit (default {AUDIT_SECONDS:g}: set Gradescope's autograder timeout to this plus 10 "
-                      "minutes); an experiment's points are scored only once a rerun has verified them (grade --help); "
-                      "0 = no audit, every experiment pending review")
+                      f"on the audit (default {AUDIT_SECONDS:g}; grade --help): an experiment's points are contradicted "
+                      "(0) or pending review, for the staff, with the audit's evidence; 0 = no audit, every experiment "
+                      "pending review")
     p_grade = sub.add_parser("grade", help="grade a submission (or a class of them) in a sandbox against this "
-                             "installation's checks", allow_abbrev=False)
+                             "installation's checks", allow_abbrev=False, epilog=f"exit status: {GRADED} every "
+                             f"submission was graded, whatever it scored; {GRADER_FAILED} the grader failed on one or "
+                             f"more (not the students: their results say so); {REFUSED} refused before grading (a flag, "
+                             "a setting or the machine)")
     p_grade.add_argument("dirs", nargs="*", default=["."], metavar="DIR", help="the submission's folder (default: "
                          "here); several, or one folder that holds them, grade a class: each folder's name is its "
                          "student, and every pair of students is compared")
@@ -61,7 +69,8 @@ def main(argv):
                          "side by side, for the course staff")
     p_grade.add_argument("--require-isolation", action="store_true", help="refuse to grade on a machine that gives "
                          "the student's code less than the whole sandbox (namespaces, cgroup, seccomp, sandbox user)")
-    p_grade.add_argument("--time-limit", type=float, default=60.0, help="seconds per exercise (default 60)")
+    p_grade.add_argument("--time-limit", type=float, default=TIME_LIMIT, help=f"seconds per exercise (default "
+                         f"{TIME_LIMIT:g}): code that hangs costs each exercise this once")
     p_grade.add_argument("--silent-bug", default=None, choices=tuple(SILENT_BUGS),
                          help="the bug planted in the handouts (those without an id)")
     whose = p_grade.add_mutually_exclusive_group()
@@ -70,14 +79,31 @@ def main(argv):
                        "bound to one of its submitters (the bundle's run_autograder passes it)")
     p_grade.add_argument("--rerun", type=float, default=AUDIT_SECONDS, help="seconds for the audit (default "
                          f"{AUDIT_SECONDS:g}, as the bundle's): every E3 and E8 record's demonstrations recomputed, then "
-                         "one record of each experiment, drawn at random, trained again (the two at once, one thread "
-                         "each). An experiment's points are verified (scored) when its rerun reproduces the record "
-                         "within the drift measured for its setting; contradicted (0) when a record's demonstrator "
-                         "success is not its settings'; pending otherwise (no rerun finished, or one drifted further): "
-                         "left to a person, never granted, never taken. 0 = no audit: every experiment pending")
+                         "the warm start of one record of each experiment, drawn at random, trained again (the two at "
+                         "once, one thread each). No automatic point: an experiment's points are contradicted (0) when a "
+                         "record's demonstrator success is not its settings', and pending otherwise: left to a person "
+                         "with the audit's evidence beside each record, never granted, never taken. 0 = no audit: "
+                         "every experiment pending")
+    p_grade.add_argument("--full-rerun", action="store_true", help="also train a drawn record of each experiment whole "
+                         f"again (minutes: up to {FULL_RERUN_SECONDS:g} s), its numbers beside the record's, for the "
+                         "staff: evidence, never a point")
     for p in (p_hw, p_grade):
         p.add_argument("--hidden-seed", default=None, help=argparse.SUPPRESS)     # refused below, by name
     args = parser.parse_args(argv)
+    if args.command != "grade":
+        return run(parser, args)
+    try:                                         # killed (Gradescope's timeout, a TA's kill): the sandbox's exits
+        before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(GRADER_FAILED))   # run, nothing is left behind
+    except ValueError:                           # not the main thread: no handler of ours
+        return run(parser, args)
+    try:
+        return run(parser, args)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def run(parser, args):
+    """main's work, once the command line is parsed."""
     if args.hidden_seed is not None:
         parser.error(SECRET_ON_THE_COMMAND_LINE)
     secret = os.environ.get(SECRET_ENV) or None
@@ -91,8 +117,9 @@ def main(argv):
                     raise ValueError("--student: a handout is made for a student (--out), the bundle grades them all")
                 rerun = AUDIT_SECONDS if args.rerun is None else args.rerun
                 print(f"wrote {args.autograder}: {', '.join(write_autograder(args.autograder, only, bug, secret, rerun))}"
-                      + (f"; each grading audits for up to {rerun:g} s: set Gradescope's autograder timeout to "
-                         f"{rerun / 60 + 10:.0f} minutes or more" if rerun else ""))
+                      + f"; Gradescope's autograder timeout must be {gradescope_minutes(rerun)} minutes or more (its "
+                        f"default, 10, is {'enough' if gradescope_minutes(rerun) <= 10 else 'too short: raise it'}): "
+                        "code that hangs in every exercise costs each its time limit once, and the audit its seconds")
             elif args.rerun is not None:
                 raise ValueError("--rerun: the audit's seconds go into a bundle (--autograder); a handout has none")
             else:
@@ -126,7 +153,7 @@ def main(argv):
             started = time.time()
             try:
                 reports[name] = grade(folder, only, args.time_limit, args.silent_bug, secret, rerun_seconds=args.rerun,
-                                      students=students, require_isolation=args.require_isolation)
+                                      full_rerun=args.full_rerun, students=students, require_isolation=args.require_isolation)
             except Exception as e:               # in a class, one grading's failure is that student's alone
                 vanished = class_run and not folder.is_dir()
                 if not class_run or isinstance(e, (ValueError, IsolationMissing)) and not vanished:
@@ -141,14 +168,15 @@ def main(argv):
         if args.json and len(args.dirs) == 1 and not Path(args.json).is_dir():
             write_private(args.json, json.dumps(grader_failed("the grading machine lacks part of its sandbox",
                                                               time.time() - t)).encode())
-        parser.exit(2, f"python -m course grade: {e}\n")
+        parser.exit(REFUSED, f"python -m course grade: {e}\n")
     except ValueError as e:
         parser.error(str(e))
     except Exception as e:                       # the grader's own failure: say so, in results.json too
         if args.command == "grade" and args.json and len(args.dirs) == 1 and not Path(args.json).is_dir():
             write_private(args.json, json.dumps(grader_failed(type(e).__name__, time.time() - t)).encode())
         raise
-    sys.exit(0 if report_class(reports, seconds, args.json, args.html, skipped) else 1)
+    report_class(reports, seconds, args.json, args.html, skipped)
+    sys.exit(GRADER_FAILED if any("~failed" in report for report in reports.values()) else GRADED)
 
 
 def submissions(dirs: list) -> tuple:
@@ -242,7 +270,8 @@ def report_class(reports: dict, seconds: dict, json_path, html_path, skipped=())
         rows = [{"name": shown(name), "against": against, **row, "exercise": ex} for name in graded
                 for against, sim in reports[name]["~similarity"].items() if sim["flagged"] or len(graded) == 1
                 for ex, row in sim["exercises"].items() if row["fingerprints"]]
-        page = side_by_side(f"code similarity: {len(reports)} submission{'s' * (len(reports) > 1)}", pairs, rows)
+        page = side_by_side(f"code similarity: {len(reports)} submission{'s' * (len(reports) > 1)}", pairs, rows,
+                            who_shares(reports, graded))
         write_private(html_path, page.encode())
         tail.append(f"wrote {html_path} (every pair, then the matching code side by side)")
     if class_run:
@@ -250,6 +279,23 @@ def report_class(reports: dict, seconds: dict, json_path, html_path, skipped=())
     elif tail[-1:] and tail[-1].startswith("wrote"):
         print(tail[-1])
     return passed
+
+
+def who_shares(reports: dict, graded: list) -> list:
+    """The similarity page's first lines: who shares with whom (each flagged pair once, and the near copies of the
+    public reference), the submissions too large to compare whole, and the classmates' planted bugs each carries."""
+    pairs, lines = {}, []
+    for name in graded:
+        for against, sim in reports[name]["~similarity"].items():
+            if sim["flagged"] and against != "the public reference":
+                pairs.setdefault(frozenset((shown(name), against)), []).append(f"{sim['share']:.2f} of {shown(name)}'s")
+    lines += [f"who shares with whom: {' and '.join(sorted(pair))} ({', '.join(said)})" for pair, said in pairs.items()]
+    lines += [f"{shown(name)} shares {sim['share']:.2f} of its own code with the public reference" +
+              (f"; {'; '.join(sim['too_large'])}" if sim.get("too_large") else "")
+              for name in graded for against, sim in reports[name]["~similarity"].items()
+              if against == "the public reference" and sim["flagged"]]
+    lines += [f"{shown(name)}: {line}" for name in graded for line in carried(reports[name])]
+    return lines
 
 
 def shown(name: str) -> str:

@@ -51,8 +51,11 @@ def fake_record(seed, dev, metric=None, warm=0.52, **asked):
     demonstrator, loss = made_up(seed, config["env"], config["hide_clock"])
     metrics = [{"success": 0.5, "clip_frac": 0.0015, "approx_kl": 0.0002, "zero_std_groups": 5, "truncation_rate": 0.01,
                 "grad_norm": 0.5, **(metric or {})} for _ in range(config["iterations"])]
+    card = lambda success: {"dev": {"task_ids": list(range(0, 400, 2)), "success": success,    # 200 dev tasks, the
+                                    "per_task": [int(i < round(200 * success)) for i in range(200)]}}  # first solved
     return {"summary": {"config": config, "demonstrator_success": demonstrator, "candidate": {"dev_success": dev},
                         "warm_start": {"dev_success": warm, "sft_loss": loss},
+                        "reports": {"incumbent": card(warm), "candidate": card(dev)},
                         "train_success_curve": [m["success"] for m in metrics]}, "metrics": metrics}
 
 

@@ -63,6 +63,7 @@ EXERCISES = {  # id -> (points, the stub's message: what to write, the formula, 
 
 EXERCISE_FILE = {ex: "envs.py" if ex == "permission_rule" else "agentic_rl.py" for ex in EXERCISES}
 CALLBACKS = {"promotion": ["sign_test_p"]}   # another exercise's piece that this one calls: the grader answers
+TIME_LIMIT = 30.0   # seconds per exercise by default (grade --time-limit): the reference's slowest takes about 1 s
 EXPERIMENTS = {"silent_bug": 16, "clock": 16}  # points of the open exercises graded from answers.json's records
 READ_BY_A_PERSON = {"silent_bug": (("silent_bug",), 4), "clock": (("clock", "why"), 4)}  # prose (E8's account of the bug,
                                           # E3's why: where it is in answers.json) and its points: a TA grades it

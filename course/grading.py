@@ -13,12 +13,13 @@ import course
 from course.audit import audit
 from course.checks import EXPERIMENT_CHECKS, HIDDEN, HOMEWORK, NotChecked
 from course.exercises import (ANSWER_FIELDS, CALLBACKS, EXERCISE_FILE, EXERCISES, EXPERIMENTS, READ_BY_A_PERSON,
-                              filled_in)
-from course.handouts import check_only, handout_text
+                              TIME_LIMIT, filled_in)
+from course.handouts import answers_template, check_only, handout_text
 from course.ids import answer_key, hidden_seed_of, installation_file, strong_secret
+from course.lesson import CLOCK_SETTINGS
 from course.sandbox import (MEMORY_LIMIT, SANDBOX_USER, GraderFailure, GradeTimeout, IsolationMissing, Remote,
                             Sandbox, Worker, WorkerGone, WorkerOutOfMemory, missing_isolation, student_error)
-from course.similarity import own_code_within, reference_code, similarity
+from course.similarity import SHORTEST, own_code_within, reference_code, similarity
 
 
 MAX_MESSAGE = 4000
@@ -66,6 +67,53 @@ def parse_answers(text, problem) -> tuple:
     return (answers, None) if isinstance(answers, dict) else (None, "answers.json must hold a JSON object")
 
 
+def shape_problem(answers: dict, ex: str):
+    """A sentence naming the field of answers.json that does not have the shape its handout gave it (and the fix), for
+    an experiment (E3 "clock", E8 "silent_bug"); None when every field it is graded on has its shape. A wrong shape
+    is the student's error, said in a sentence, never a crash of the grader's checks."""
+    def kind(value):
+        return {dict: "an object", list: "a list", str: "a text", bool: "true or false", type(None): "null"}.get(
+            type(value), "a number")
+
+    def wrong(field, value, shape):
+        return f"answers.json's {field} is {kind(value)} ({json.dumps(value)[:80]}): it must be {shape}, as in the " \
+               "answers.json your handout came with"
+    listed = answers.get("exercises")
+    if "handout" in answers and not isinstance(answers["handout"], str):
+        return wrong('"handout"', answers["handout"], "the text your handout came with")
+    if "exercises" in answers and not (isinstance(listed, list) and all(isinstance(e, str) for e in listed)):
+        return wrong('"exercises"', listed, f"a list of exercise ids ({', '.join(EXERCISES)})")
+    if "seeds" in answers and not (isinstance(answers["seeds"], list) and
+                                   all(type(s) is int for s in answers["seeds"])):
+        return wrong('"seeds"', answers["seeds"], "the list of three whole numbers your handout came with")
+    if ex == "silent_bug":
+        for field in ("silent_bug", "silent_bug_evidence"):
+            if field in answers and not isinstance(answers[field], str):
+                return wrong(f'"{field}"', answers[field], "a text")
+        for field in ("silent_bug_runs", "silent_bug_fixed_runs"):
+            runs = answers.get(field, [])
+            if not (isinstance(runs, list) and all(isinstance(r, dict) for r in runs)):
+                return wrong(f'"{field}"', runs, "a list of run records (run_record(RUN_DIR) makes one)")
+        return None
+    clock = answers.get("clock", {})
+    if not isinstance(clock, dict):
+        return wrong('"clock"', clock, "an object with the keys " + ", ".join(f'"{k}"' for k in answers_template()["clock"]))
+    for setting in CLOCK_SETTINGS:
+        numbers = clock.get(setting, [])
+        if not (isinstance(numbers, list) and all(type(n) in (int, float) for n in numbers)):
+            return wrong(f'"clock.{setting}"', numbers, "a list of three numbers (each run's candidate dev success)")
+    if "why" in clock and not isinstance(clock["why"], str):
+        return wrong('"clock.why"', clock["why"], "a text")
+    runs = clock.get("runs", {})
+    if not isinstance(runs, dict):
+        return wrong('"clock.runs"', runs, "an object: each setting's list of run records")
+    for setting, records in runs.items():
+        if not (isinstance(records, list) and all(isinstance(r, dict) for r in records)):
+            return wrong(f'"clock.runs.{str(setting)[:40]}"', records, "a list of run records (run_record(RUN_DIR) "
+                                                                         "makes one)")
+    return None
+
+
 def folder_with(files: dict, prefix: str) -> Path:
     """A fresh folder holding these files (name -> text): the worker can read them, not write them."""
     folder = Path(tempfile.mkdtemp(prefix=prefix))
@@ -97,6 +145,8 @@ def compile_problems(sandbox: Sandbox, submission: dict, seconds: float) -> dict
             else:
                 kind = "memory limit" if "MemoryError" in found["raised"] else "crashes"
                 problems[name] = (kind, f"{found['raised'][0]}: {found.get('message', '')}")
+        except WorkerOutOfMemory as e:
+            problems[name] = ("memory limit", f"compiling it passed the memory limit: {e}")
         except GradeTimeout:
             problems[name] = ("time limit", f"compiling it took longer than the time limit ({seconds:g} s)")
         except WorkerGone as e:
@@ -146,13 +196,21 @@ def verdict(e: Exception) -> tuple:
     return "crashes", f"{type(e).__name__}: {e}" + (" (raised by your code)" if getattr(e, "from_student", 0) else "")
 
 
-def run_check(check, *args) -> tuple:
-    """(status, message) of one check; the check runs here, in the grader's process."""
+def run_check(check, *args, on_answers=False) -> tuple:
+    """(status, message) of one check; the check runs here, in the grader's process. An experiment's check
+    (on_answers) that trips on a value of answers.json's is the student's error, said in a sentence."""
     try:
         check(*args)
         return "passed", ""
     except NotChecked as e:
         return "not checked", f"{e}: not checked, no points lost; a TA may look"
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
+        if not on_answers:
+            status, message = verdict(e)
+            return status, printable(message)
+        return "wrong", printable(f"answers.json holds a value of another shape than the one its handout gave it, or "
+                                  f"a record edited by hand ({type(e).__name__}: {str(e)[:200]}): fill it in as the "
+                                  "handout's answers.json shows, each record as run_record(RUN_DIR) writes it")
     except Exception as e:
         status, message = verdict(e)
         return status, printable(message)
@@ -165,13 +223,20 @@ def printable(text: str, limit=MAX_MESSAGE) -> str:
     return text if limit is None or len(text) <= limit else text[:limit] + f" ... ({len(text) - limit} more characters)"
 
 
-def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
+def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float, hung=None) -> dict:
     """One exercise: a fresh folder and a fresh worker, its checks within `seconds` together, then the
-    worker and everything it started killed."""
+    worker and everything it started killed. hung: the files whose import did not finish within an earlier
+    exercise's time limit in this grading (files -> that exercise): not imported again, so a student's endless
+    loop at import costs one time limit, not one per exercise."""
     row, worker, trouble, folder = {"points": EXERCISES[ex][0], "checks": []}, None, None, None
+    hung = {} if hung is None else hung
+    key = None if isinstance(files, tuple) else tuple(sorted(files.items()))
     try:
         if isinstance(files, tuple):
             trouble = files
+        elif key in hung:
+            trouble = ("time limit", f"agentic_rl.py does not import: importing your files did not finish within the "
+                                     f"time limit in {hung[key]}'s worker (an endless loop at import?): not run again")
         else:
             folder = folder_with(files, f"grade-{ex}-")
             try:
@@ -183,6 +248,7 @@ def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
             except Exception as e:  # the student's files do not even import, or hang while importing
                 status, message = verdict(e)
                 trouble = (status, f"agentic_rl.py does not import: {message}")
+                hung.update({key: ex} if isinstance(e, GradeTimeout) else {})
         for check_ex, name, check, hidden in HOMEWORK:
             if check_ex != ex:
                 continue
@@ -205,6 +271,25 @@ def grade_exercise(sandbox: Sandbox, ex: str, files, seconds: float) -> dict:
     return row
 
 
+NEAR_COPY = 0.95   # a share of the public reference at or above it (the whole file's, or one exercise's with SHORTEST
+                   # fingerprints or more) holds the code's points for a person (STAFF.md: fresh solutions reach 0.55)
+
+
+def hold_near_copies(report: dict, graded: list):
+    """A submission that is a near copy of the public reference keeps its points pending until a person decides: each
+    exercise whose function is (or, the whole file near 1.00, every exercise) is held (row["held"], for the staff)."""
+    sim = report["~similarity"]["the public reference"]
+    whole = sim["fingerprints"] >= SHORTEST and sim["share"] >= NEAR_COPY
+    for ex in graded:
+        row = sim["exercises"].get(ex)
+        alone = row is not None and row["fingerprints"] >= SHORTEST and row["share"] >= NEAR_COPY
+        if (whole or alone) and ex in report:
+            report[ex]["held"] = (f"its {ex} shares {row['share']:.2f} of {row['fingerprints']} fingerprints with the "
+                                  "public reference" if alone else f"its own code shares {sim['share']:.2f} of "
+                                  f"{sim['fingerprints']} fingerprints with the public reference") + \
+                ": a near copy; its points wait for a person to decide (the similarity page shows both side by side)"
+
+
 def handed_out(answers, key, secret) -> tuple:
     """(the exercises a handout holds, as its answers.json names them in "exercises", a note for the staff or ''):
     every exercise where it names none (a handout made before it did), where the list is not one of known exercise
@@ -221,14 +306,16 @@ def handed_out(answers, key, secret) -> tuple:
     return [ex for ex in EXERCISES if ex in listed], ""
 
 
-def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, hidden_seed=None,
+def grade(directory=".", only=None, time_limit: float = TIME_LIMIT, silent_bug=None, hidden_seed=None,
           user=SANDBOX_USER, memory: int = MEMORY_LIMIT, rerun_seconds: float = 0.0, students=(),
-          require_isolation: bool = False) -> dict:
+          require_isolation: bool = False, full_rerun: bool = False) -> dict:
     """Grade a submission: its agentic_rl.py, envs.py and answers.json, read first; the exercises `only` names, or
     else those its handout holds (handed_out) and the experiments; each exercise in a fresh sandboxed worker within
     time_limit seconds, against this installation's checks; every verdict reached here; the experiments against
     the key of the student's handout (students: whom its id may be bound to), and audited with rerun_seconds
-    (course/audit.py: their points verified, contradicted or pending; rerun_seconds 0, pending). Returns
+    (course/audit.py: their points contradicted or pending, with its evidence; rerun_seconds 0, pending; full_rerun:
+    a drawn record's whole run too). A code exercise whose function is a near copy of the public reference is held
+    for a person (row["held"]: pending). Returns
     {exercise: {"points", "checks": [{"name", "hidden", "status", "message"}]}, an experiment's with "audit" and
     its prose's "pending"} with "~sandbox" (what the workers ran as) once every process is gone, the similarity
     report ("~own", "~similarity") and "~bugs" (the silent bugs its agentic_rl.py carries that its handout had
@@ -259,16 +346,19 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
             raise IsolationMissing(f"--require-isolation: on this machine the student's code would run without: "
                                    f"{', '.join(missing)}; grade as root with CAP_SYS_ADMIN and cgroups (a container: "
                                    "--cap-add SYS_ADMIN), or leave out --require-isolation and read the warning")
+        hung = {}
         for ex in graded:
-            report[ex] = grade_exercise(sandbox, ex, files_for(ex, submission, problems), time_limit)
+            report[ex] = grade_exercise(sandbox, ex, files_for(ex, submission, problems), time_limit, hung)
     for ex in experiments:
         report[ex] = {"points": EXPERIMENTS[ex], "checks": [], "audit": {"state": "pending", "saw": [
             "not trained again: the audit was off (--rerun 0)" if not rerun_seconds else "not audited"]}}
         started = answers is not None and any(filled_in(answers.get(field)) for field in ANSWER_FIELDS[ex])
+        shape = started and shape_problem(answers, ex)
         for check_ex, name, check, hidden in EXPERIMENT_CHECKS:
             if check_ex == ex:
-                status, message = run_check(check, answers, key) if started else ("not started", answers_problem or
-                                  f"answers.json: nothing is filled in for it yet ({', '.join(ANSWER_FIELDS[ex])})")
+                status, message = ("wrong", printable(shape)) if shape else run_check(check, answers, key, on_answers=True) \
+                    if started else ("not started", answers_problem or
+                                     f"answers.json: nothing is filled in for it yet ({', '.join(ANSWER_FIELDS[ex])})")
                 report[ex]["checks"].append({"name": name, "hidden": hidden, "status": status, "message": message})
         if ex in READ_BY_A_PERSON:           # its prose, for a person to read: pending, whatever words it uses
             path, points = READ_BY_A_PERSON[ex]
@@ -278,13 +368,14 @@ def grade(directory=".", only=None, time_limit: float = 60.0, silent_bug=None, h
             report[ex]["pending"] = {"field": ".".join(path), "points": points,
                                      "answer": printable(str(said or "(empty)"), limit=None)}
     if rerun_seconds:
-        audit(report, answers, key, rerun_seconds)
+        audit(report, answers, key, rerun_seconds, full_rerun)
     report["~sandbox"] = f"{sandbox.note}, {getattr(sandbox, 'isolation', 'no worker started')}"
     unreadable = {name: f"it did not compile or could not be read ({problems[name][1][:200]})"
                   for name in ("agentic_rl.py", "envs.py") if problems.get(name)}     # never parsed here
     report["~own"] = own_code_within({name: submission[name][0] for name in ("agentic_rl.py", "envs.py")
                                       if name not in unreadable}, graded, unreadable)
     report["~similarity"] = {"the public reference": similarity(report["~own"], reference_code(tuple(sorted(graded))))}
+    hold_near_copies(report, graded)
     knows_the_bug = key is not None and key.get("seeds") is not None and bool(secret or key["silent_bug"])
     report["~bugs"] = {"own": key and key["silent_bug"], "others": [b for b in report["~own"]["planted"]
                                                                     if b != key["silent_bug"]] if knows_the_bug else []}

@@ -1,6 +1,7 @@
 """Handouts: the project with each exercise's solution blanked to a stub that says what to write, the open
 exercises' answers left out, and (--silent-bug) one realistic bug planted; nothing of course/ goes in one."""
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,9 @@ from course.lesson import CLOCK_SETTINGS, README_SEEDS
 HANDOUT_FILES = ("agentic_rl.py", "envs.py", "test_agentic_rl.py", "README.md", "requirements.txt", ".ci/run", "envload.py",
                  "library.py", *(f"tools/{p.name}" for p in sorted((course.REPO / "tools").glob("*.py"))))  # the lesson's
 # own files (envs.py and agentic_rl.py, whose marked regions are blanked) and what its command line needs beside it
-STRIPPED = {"README.md": "<!-- {} ANSWER -->"}  # regions kept from handouts
+STRIPPED = {"README.md": ("<!-- {} ANSWER -->", "<!-- {} STAFF -->")}  # regions kept from handouts: the open exercises'
+ANSWER_LINE = "<!-- ANSWER LINE -->"   # answers, and what the course staff alone read (course/STAFF.md); a line ending
+                                       # with ANSWER_LINE (a table's row that answers an open exercise) too
 
 
 def solution_regions(text: str, name: str = "file") -> dict:
@@ -135,8 +138,11 @@ def write_handout(out, only=None, silent_bug=None, hidden_seed=None, student=Non
         if name.endswith(".py"):
             blanked += solution_regions(texts[name], name)
             texts[name] = blank_solutions(texts[name], only, name)[0]
-        if name in STRIPPED:
-            texts[name] = strip_marked(texts[name], STRIPPED[name])
+        for marker in STRIPPED.get(name, ()):
+            texts[name] = strip_marked(texts[name], marker)
+        if name in STRIPPED:                   # and no run of blank lines where a region was
+            texts[name] = re.sub(r"\n{3,}", "\n\n", "".join(line for line in texts[name].splitlines(keepends=True)
+                                                          if ANSWER_LINE not in line))
     if not blanked:
         raise ValueError(f"{src}: no solution regions found (is this already a handout?)")
     blanked = [ex for ex in blanked if only is None or ex in only]

@@ -50,9 +50,10 @@ def handout_tag(secret: str, nonce: str, student: str, bug: str, exercises=None)
     """The handout id's tag: it names the student, the planted bug ('' for none) and the exercises handed out
     (answers.json's "exercises": every exercise, or none named, is a whole handout's tag) only to whoever holds the
     course's secret, and nobody without it can make one: an edited list no longer verifies."""
-    whole = exercises is None or (isinstance(exercises, list) and sorted(map(str, exercises)) == sorted(EXERCISES))
+    named = isinstance(exercises, list) and all(isinstance(ex, str) for ex in exercises)    # else it never verifies
+    whole = exercises is None or (named and sorted(exercises) == sorted(EXERCISES))
     return mac(secret, "handout", nonce, student_name(student), bug,
-               *([] if whole else [sorted(exercises) if isinstance(exercises, list) else exercises])).hex()[:16]
+               *([] if whole else [sorted(exercises) if named else repr(exercises)])).hex()[:16]
 
 
 def experiment_seeds(secret: str, nonce: str, student: str) -> list:

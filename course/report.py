@@ -1,7 +1,8 @@
 """What grading reports: the points of each exercise (visible and hidden halves), the TA's printed summary, and
 Gradescope's results.json, where what the course staff alone should read sits in a hidden test. An experiment's
-points are scored only when its audit verified them (course/audit.py): contradicted, they are 0; pending, they go
-to a person, never granted, never taken. A student reads "verified" or "pending review", never what the audit saw."""
+points are never scored automatically (course/audit.py): contradicted, they are 0; pending, they go to a person with
+the audit's evidence, never granted, never taken; so do a held exercise's (a near copy of the public reference). A
+student reads "pending review", never what the audit saw."""
 import textwrap
 
 from course.sandbox import missing_isolation
@@ -31,34 +32,41 @@ def checked(row: dict, hidden=None) -> tuple:
 
 
 def state(row: dict):
-    """An experiment's audit: "verified", "contradicted" or "pending"; None for a code exercise."""
-    return (row.get("audit") or {}).get("state")
+    """An experiment's audit: "contradicted" or "pending" (no automatic point: course/audit.py); a code exercise's:
+    "pending" when its code is held for a person (a near copy of the public reference: row["held"]), else None."""
+    return (row.get("audit") or {}).get("state") or ("pending" if row.get("held") else None)
 
 
 def score(row: dict, hidden=None) -> tuple:
-    """(points scored, points possible): what the checks earn (checked), for an experiment only when its audit
-    verified its records (a rerun of a drawn record reproduced it); contradicted (a record's demonstrations are
-    not its settings') or pending (no rerun finished, or one drifted past its tolerance), it scores 0 here, and
-    pending_points says what a person is to grade."""
+    """(points scored, points possible): what the checks earn (checked); an experiment is never verified
+    automatically: contradicted (a record's demonstrations are not its settings') it scores 0, pending (every other
+    case) it scores 0 here and pending_points says what a person is to grade, as for a code exercise held for a
+    person (a near copy of the public reference)."""
     earned, possible = checked(row, hidden)
     return (earned if state(row) in (None, "verified") else 0.0), possible
 
 
 def pending_points(row: dict, hidden=None) -> float:
-    """The points of an experiment its checks earn and its audit could neither verify nor contradict: a person's."""
+    """The points its checks earn that a person is to grade: an experiment's not contradicted, a held exercise's."""
     return checked(row, hidden)[0] if state(row) == "pending" else 0.0
 
 
 def audited(row: dict) -> str:
-    """The TA's line on an experiment's audit: its state, the points it leaves to a person, and what it saw."""
+    """The TA's line on an experiment's audit (or a held exercise): its state, the points it leaves to a person, and
+    what it saw."""
     pending = pending_points(row)
-    return f"audit: {state(row)}" + (f" ({pending:g} points for a person to grade)" if pending else "") + \
-        (": the experiment scores 0" if state(row) == "contradicted" else "") + \
-        "".join(f"\n    {line}" for line in row["audit"]["saw"])
+    saw = row["audit"]["saw"] if "audit" in row else [row["held"]]
+    return f"{'audit' if 'audit' in row else 'held for a person'}: {state(row)}" + \
+        (f" ({pending:g} points for a person to grade)" if pending else "") + \
+        (f": the experiment scores 0 [{FORGED}]" if state(row) == "contradicted" else "") + \
+        "".join(f"\n    {line}" for line in saw)
 
 
 def suspicious(row: dict) -> bool:
-    """Every visible check passes and a hidden one does not: hard-coded answers, for a TA to look at."""
+    """Every visible check of a code exercise passes and a hidden one does not: hard-coded answers, for a TA to look
+    at (an experiment's records are judged by its audit: FORGED)."""
+    if "audit" in row:
+        return False
     visible, hidden = ([c["status"] == "passed" for c in counted(row) if c["hidden"] == h] for h in (False, True))
     return bool(visible) and all(visible) and not all(hidden)
 
@@ -69,6 +77,7 @@ def unchecked(row: dict) -> bool:
 
 
 SUSPICIOUS = "visible checks pass, hidden checks fail: a TA should read this code (hard-coded answers?)"
+FORGED = "record does not match a rerun: a number that does not drift is not its settings' (made up, copied or edited)"
 NOT_CHECKED = "a check the grader could not make (runs with nothing to judge) is not checked (no points lost): a TA " \
               "may look"
 
@@ -105,8 +114,10 @@ def similarity_lines(report: dict) -> list:
             ", ".join(f"{ex} {r['share']:.2f}" for ex, r in sim["exercises"].items() if r["fingerprints"]) + ")" +
             (f"; not found, so defined some other way (read it): {', '.join(sim['missing'])}" if sim["missing"] else "") +
             (f"; helpers holding that code: {', '.join(sim['helpers'])}" if sim["helpers"] else "") +
-            (f"; not compared: {'; '.join(sim['not_compared'])}" if sim["not_compared"] else "")
-            for against, sim in report.get("~similarity", {}).items() if sim["fingerprints"] or sim["not_compared"]] + \
+            (f"; not compared: {'; '.join(sim['not_compared'])}" if sim["not_compared"] else "") +
+            (f"; {'; '.join(sim['too_large'])}" if sim.get("too_large") else "")
+            for against, sim in report.get("~similarity", {}).items()
+            if sim["fingerprints"] or sim["not_compared"] or sim.get("too_large") or sim["exercises"]] + \
         [f"FLAGGED: {line}" for line in carried(report)]
 
 
@@ -162,18 +173,17 @@ def prose(row: dict) -> str:
 
 
 def verdict_for_the_student(row: dict) -> str:
-    """What a student reads of an experiment's audit: "verified" or "pending review" (or, contradicted, the record
-    whose demonstrations are not its settings'), never what the audit tried."""
-    if state(row) == "verified":
-        return "verified: a rerun of your records reproduced them"
+    """What a student reads of an experiment's audit: "pending review" (or, contradicted, the record whose
+    demonstrations are not its settings'), never what the audit tried; of a held exercise, "pending review"."""
     if state(row) == "contradicted":
         return "contradicted: " + "; ".join(row["audit"]["saw"]) + ": this experiment scores 0"
-    return "pending review: the course staff check your records and grade these points by hand"
+    return "pending review: the course staff check your records and grade these points by hand" if "audit" in row \
+        else "pending review: the course staff read this exercise's code before its points count"
 
 
 def gradescope_results(report: dict, seconds: float) -> dict:
     """Gradescope's results.json: one test per exercise and visibility, hidden checks shown after publishing (an
-    experiment's say whether its points are verified or pending review); a test per answer a person reads, with
+    experiment's and a held exercise's say that their points are pending review); a test per answer a person reads, with
     the answer quoted in full; and a hidden test for the staff alone (the sandbox, similarity, what the audit saw)."""
     tests = []
     for number, (ex, row) in enumerate(exercises(report).items(), start=1):

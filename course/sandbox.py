@@ -421,6 +421,17 @@ def kill_all(uid) -> int:
     raise RuntimeError("processes keep appearing below the fork server")
 
 
+def cgroup_parents(root: str) -> tuple:
+    """("cgroup v2", [its folder] * 2) or ("cgroup v1", [memory's, pids']): where this process's workers' cgroups go."""
+    own = {}                                          # controller -> the server's cgroup; "" is v2's
+    for line in open("/proc/self/cgroup").read().splitlines():
+        _, controllers, path = line.split(":", 2)
+        own.update((c, path.rstrip("/")) for c in controllers.split(","))
+    if os.path.exists(f"{root}/cgroup.controllers"):
+        return "cgroup v2", [f"{root}{own.get('', '')}"] * 2
+    return "cgroup v1", [f"{root}/{c}{own.get(c, '')}" for c in ("memory", "pids")]
+
+
 def make_cgroup(root: str, name: str, memory: int, tasks: int) -> tuple:
     """As root, a cgroup for one worker, under the fork server's own, where the machine has one to write to:
     cgroup v2 (one folder, where memory and pids can be enabled for it) or v1 (a folder in its memory and
@@ -428,14 +439,7 @@ def make_cgroup(root: str, name: str, memory: int, tasks: int) -> tuple:
     (swap included, where v1 counts it), `tasks` processes and threads; v2's OOM killer takes them all at once
     (memory.oom.group), so no process left behind holds the worker's socket open. Returns (its folders, "cgroup v1"
     or "cgroup v2"), or ([], None) where there is none, with nothing left behind."""
-    own = {}                                          # controller -> the server's cgroup; "" is v2's
-    for line in open("/proc/self/cgroup").read().splitlines():
-        _, controllers, path = line.split(":", 2)
-        own.update((c, path.rstrip("/")) for c in controllers.split(","))
-    if os.path.exists(f"{root}/cgroup.controllers"):
-        version, parents = "cgroup v2", [f"{root}{own.get('', '')}"] * 2
-    else:
-        version, parents = "cgroup v1", [f"{root}/{c}{own.get(c, '')}" for c in ("memory", "pids")]
+    version, parents = cgroup_parents(root)
     limits = {"memory.max": memory, "memory.swap.max": 0, "memory.oom.group": 1, "memory.limit_in_bytes": memory,
               "memory.memsw.limit_in_bytes": memory, "pids.max": tasks}
     made, written = [], set()
@@ -457,6 +461,35 @@ def make_cgroup(root: str, name: str, memory: int, tasks: int) -> tuple:
     except OSError:
         remove_cgroups(made)
         return [], None
+
+
+def remove_stale_cgroups(root: str):
+    """As root, the cgroups a killed grading left (agentic-rl-SERVER-N, whose fork server is gone): their processes
+    killed, the folders removed. Gradings as root take turns (a lock), so no live grading's is touched."""
+    import glob
+    import signal
+    try:
+        parents = set(cgroup_parents(root)[1])
+    except (OSError, ValueError):
+        return
+    for folder in [f for parent in parents for f in glob.glob(f"{parent}/agentic-rl-*-*")]:
+        server = folder.rsplit("/", 1)[1].split("-")[2]
+        if not server.isdigit() or os.path.exists(f"/proc/{server}") and int(server) != os.getpid():
+            continue
+        for _ in range(100):
+            try:
+                pids = [int(p) for p in open(f"{folder}/cgroup.procs").read().split()]
+            except OSError:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if not pids:
+                break
+            time.sleep(0.01)
+        remove_cgroups([folder])
 
 
 def remove_cgroups(folders: list):
@@ -537,10 +570,13 @@ def fork_server(control_fd: int):
     import ctypes
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)           # PR_SET_CHILD_SUBREAPER: orphans are reparented here
     control = socket.socket(fileno=control_fd)
-    cgroups, forks = [], 0
+    cgroups, forks, uid = [], 0, None
     while (req := receive(control, 1 << 16)) is not None:
         if req["op"] == "fork":
             forks += 1
+            uid = req["uid"]
+            if os.getuid() == 0 and forks == 1:
+                remove_stale_cgroups(req["cgroup_root"])
             if os.getuid() == 0:
                 req["cgroups"], req["cgroup"] = make_cgroup(req["cgroup_root"], f"agentic-rl-{os.getpid()}-{forks}",
                                                             req["memory"], req["tasks"])
@@ -564,7 +600,9 @@ def fork_server(control_fd: int):
             remove_cgroups(cgroups)
             cgroups = []
             send(control, {"killed": killed})
-    os._exit(0)                                       # the grader closed the socket: nothing to flush, no teardown
+    kill_all(uid)                                     # the grader closed the socket (or was killed): nothing of
+    remove_cgroups(cgroups)                           # the grading is left behind, no process and no cgroup
+    os._exit(0)
 
 
 SERVER_IMPORTS = (  # with project_imports(): what a worker can import where the sandbox user cannot read Python's files
@@ -661,8 +699,8 @@ class Sandbox:
                 fcntl.flock(self.lock, fcntl.LOCK_EX)
         ours, theirs = socket.socketpair()
         server = (send, receive, to_wire, from_wire, raised_by_a_statement, serve, worker, compile_only, isolate, private_root, system_paths,
-                  lock_down, seccomp_program, below, kill_all, as_sandbox_user, remove_leftovers, make_cgroup,
-                  remove_cgroups, fork_server)
+                  lock_down, seccomp_program, below, kill_all, as_sandbox_user, remove_leftovers, cgroup_parents,
+                  make_cgroup, remove_stale_cgroups, remove_cgroups, fork_server)
         code = "\n".join([SERVER_IMPORTS, project_imports(), *map(inspect.getsource, server),
                           f"fork_server({theirs.fileno()})"])
         env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith(("OMP_", "MKL_", "OPENBLAS_", "LC_", "LANG"))}
@@ -759,6 +797,8 @@ class Worker:
             try:
                 reply = receive(self.sock, MAX_REPLY_BYTES, self.deadline)
             except TimeoutError:
+                if self.out_of_memory():                # the OOM killer took it while a frame came in
+                    raise WorkerOutOfMemory(self.killed()) from None
                 raise GradeTimeout() from None
             except (OSError, ValueError, RecursionError) as e:
                 raise self.gone(f"it sent a malformed reply ({type(e).__name__}: {str(e)[:200]})") from None
@@ -789,6 +829,8 @@ class Worker:
             if self.out_of_memory():
                 raise WorkerOutOfMemory(self.killed())
             if time.monotonic() >= self.deadline:
+                if self.out_of_memory():
+                    raise WorkerOutOfMemory(self.killed())
                 raise GradeTimeout()
 
     def out_of_memory(self) -> bool:
@@ -816,8 +858,12 @@ class Worker:
             self.sock.settimeout(max(1e-3, self.deadline - time.monotonic()))
             send(self.sock, {**request, "id": self.asked})
         except TimeoutError:
+            if self.out_of_memory():
+                raise WorkerOutOfMemory(self.killed()) from None
             raise GradeTimeout() from None
         except OSError:
+            if self.out_of_memory():                    # the OOM killer took the worker: its socket is closed
+                raise WorkerOutOfMemory(self.killed()) from None
             raise WorkerGone(f"last output: {self.printed() or '(none)'}") from None
         reply = self._receive(self.asked)
         if "raised" in reply:

@@ -11,6 +11,7 @@ has a budget (SIMILARITY_FUNCTIONS, SIMILARITY_TOKENS, SIMILARITY_SECONDS): past
 compile or could not be read, it is "not compared", never a copy, and grading goes on. It changes no score: it
 says where a TA should read."""
 import ast
+import collections
 import copy
 import functools
 import hashlib
@@ -83,23 +84,43 @@ class Canonical(ast.NodeTransformer):
     def __init__(self, tree):
         imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
         self.modules = {a.asname or a.name for n in imports if isinstance(n, ast.Import) for a in n.names
-                        if a.name == "operator"}
+                        if a.name == "operator"} | {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                                                    and imported_operator(n.value) for t in n.targets
+                                                    if isinstance(t, ast.Name)}     # op = __import__("operator")
         self.functions = {a.asname or a.name: a.name for n in imports if isinstance(n, ast.ImportFrom) and
                           n.module == "operator" for a in n.names}
+        if "*" in self.functions:                      # from operator import *: every name of it
+            self.functions.update({name: name for name in [*OPERATIONS, "getitem", "contains"]})
+        self.helpers, self.depth = one_line_helpers(tree), 0    # def add(a, b): return a + b, the student's own
+        self.torch = {a.asname or a.name for n in imports if isinstance(n, ast.Import) for a in n.names
+                      if a.name == "torch"}
 
     def visit_Call(self, node):
         self.generic_visit(node)
         f, args = node.func, node.args
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in self.torch and args and \
+                f.attr in tensor_methods() and not isinstance(args[0], ast.Starred):   # torch.exp(x) as x.exp()
+            return ast.Call(ast.Attribute(args[0], f.attr, ast.Load()), args[1:], node.keywords)
         if node.keywords or any(isinstance(a, ast.Starred) for a in args):
             return node
+        if isinstance(f, ast.Attribute) and imported_operator(f.value):     # __import__("operator").add(a, b)
+            return ordered(operation(f.attr, args)) or node
+        if isinstance(f, ast.Name) and f.id in self.helpers and len(args) == len(self.helpers[f.id][0]) and \
+                self.depth < 4:                        # a helper that calls a helper, a few deep
+            params, body = self.helpers[f.id]
+            self.depth += 1
+            try:
+                return self.visit(Substitute(dict(zip(params, args))).visit(copy.deepcopy(body)))
+            finally:
+                self.depth -= 1
         if isinstance(f, ast.Name) and f.id == "getattr" and len(args) == 2 and constant_name(args[1]):
             return ast.Attribute(args[0], args[1].value, ast.Load())
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in self.modules:
-            return operation(f.attr, args) or node
+            return ordered(operation(f.attr, args)) or node
         if isinstance(f, ast.Name) and f.id in self.functions:
-            return operation(self.functions[f.id], args) or node
+            return ordered(operation(self.functions[f.id], args)) or node
         if isinstance(f, ast.Attribute) and f.attr.startswith("__"):
-            return operation(f.attr, [f.value, *args]) or node
+            return ordered(operation(f.attr, [f.value, *args])) or node
         return node
 
     def visit_Expr(self, node):
@@ -114,7 +135,7 @@ class Canonical(ast.NodeTransformer):
         self.generic_visit(node)
         read = copy.deepcopy(node.target)
         read.ctx = ast.Load()
-        return ast.Assign([node.target], ast.BinOp(read, node.op, node.value))
+        return ast.Assign([node.target], ordered(ast.BinOp(read, node.op, node.value)))
 
     def visit_Assign(self, node):
         self.generic_visit(node)
@@ -126,24 +147,147 @@ class Canonical(ast.NodeTransformer):
         return node
 
 
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+        return ordered(node)
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        return ordered(node)
+
+
+def ordered(node):
+    """An operation whose operands are written one way: b + a as a + b (commutative operators, in the order of their
+    shape, whatever the names), b > a as a < b, a == b as b == a; any other node as it is (None too)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, COMMUTATIVE):
+        node.left, node.right = sorted((node.left, node.right), key=shape)
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in MIRRORED:
+        node.left, node.ops, node.comparators = node.comparators[0], [MIRRORED[type(node.ops[0])]()], [node.left]
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq, ast.Is,
+                                                                                       ast.IsNot)):
+        node.left, node.comparators[0] = sorted((node.left, node.comparators[0]), key=shape)
+    return node
+
+
+@functools.cache
+def tensor_methods() -> frozenset:
+    """What torch spells both ways, torch.NAME(x, ...) and x.NAME(...): the first is written as the second."""
+    import torch
+    return frozenset(n for n in dir(torch.Tensor) if not n.startswith("_") and callable(getattr(torch, n, None)))
+
+
+COMMUTATIVE = (ast.Add, ast.Mult, ast.BitAnd, ast.BitOr, ast.BitXor)
+MIRRORED = {ast.Gt: ast.Lt, ast.GtE: ast.LtE}
+
+
+def shape(node) -> str:
+    """An expression as its fingerprint sees it (names V, numbers N, strings S): the order of commutative operands
+    is decided on it, so renaming a variable never reorders them."""
+    if isinstance(node, ast.Name):
+        return "V"
+    if isinstance(node, ast.Constant):
+        return "S" if isinstance(node.value, str) else "N"
+    if isinstance(node, ast.Attribute):
+        return f"{shape(node.value)}.{node.attr}"
+    return type(node).__name__ + "(" + ",".join(shape(c) for c in ast.iter_child_nodes(node)
+                                                if isinstance(c, ast.expr)) + ")"
+
+
+def imported_operator(node) -> bool:
+    """__import__("operator") or importlib.import_module("operator")."""
+    return isinstance(node, ast.Call) and len(node.args) == 1 and isinstance(node.args[0], ast.Constant) and \
+        node.args[0].value == "operator" and (isinstance(node.func, ast.Name) and node.func.id == "__import__" or
+                                              isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+
+
+def one_line_helpers(tree) -> dict:
+    """name -> (its parameters, the expression it returns) of each function defined once (a def, or a name bound to a
+    lambda) whose body is one return of an expression, with plain positional parameters and no decorator: a call of
+    it is written as that expression (def add(a, b): return a + b: add(x, y) as x + y), so a student's own operator
+    helpers hide nothing. The definition stays (it may be an exercise's)."""
+    found, seen = {}, collections.Counter()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            name, a = node.name, node.args
+            body = [b for b in node.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+            returned = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) else None
+            plain = isinstance(node, ast.FunctionDef) and not node.decorator_list
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and \
+                isinstance(node.value, ast.Lambda):
+            name, a, returned, plain = node.targets[0].id, node.value.args, node.value.body, True
+        else:
+            continue
+        seen[name] += 1
+        if plain and returned is not None and not (a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults) \
+                and not any(isinstance(n, (ast.Lambda, ast.comprehension, ast.NamedExpr, ast.Await, ast.Yield,
+                                           ast.YieldFrom)) or isinstance(n, ast.Name) and n.id == name
+                            for n in ast.walk(returned)):
+            found[name] = ([p.arg for p in a.args], returned)
+    lesson = lesson_functions()                        # the lesson's own functions stay calls on both sides: a
+    return {name: helper for name, helper in found.items() if seen[name] == 1 and name not in lesson}  # filled blank
+                                                       # would otherwise rewrite every function that calls it
+
+
+@functools.cache
+def lesson_functions() -> frozenset:
+    """The names of the reference's module-level functions (and lambdas): never inlined as a student's helper."""
+    names = set()
+    for file in ("agentic_rl.py", "envs.py"):
+        for node in ast.parse((course.REPO / file).read_text()).body:
+            names.update([node.name] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else
+                         [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else [])
+    return frozenset(names)
+
+
+class Substitute(ast.NodeTransformer):
+    """A helper's expression with its parameters replaced by the call's arguments."""
+
+    def __init__(self, args: dict):
+        self.args = args
+
+    def visit_Name(self, node):
+        return copy.deepcopy(self.args[node.id]) if node.id in self.args else node
+
+
 def canonical(tree: ast.AST) -> ast.AST:
     return ast.fix_missing_locations(Canonical(tree).visit(tree))
 
 
 def drop_statements_that_do_nothing(tree: ast.AST):
-    """A constant alone, pass, a constant put in a name nothing reads: the filler that would break a copy's runs."""
+    """A constant alone (a docstring too), pass, a constant put in a name nothing reads, what follows a return, raise,
+    break or continue, the body of `if False:` or `while False:`, and a function of the student's own that does
+    nothing: the filler that would break a copy's runs or pad it past a budget."""
     loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    lesson = lesson_names()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For,
                              ast.While, ast.With, ast.Try, ast.ExceptHandler)):
             for part in ("body", "orelse", "finalbody"):
                 body = getattr(node, part, None)
                 if body:
-                    kept = [b for b in body if not (isinstance(b, ast.Pass) or isinstance(b, ast.Expr) and
-                            isinstance(b.value, ast.Constant) or isinstance(b, ast.Assign) and
-                            isinstance(b.value, ast.Constant) and all(isinstance(t, ast.Name) and t.id not in
-                                                                      loaded for t in b.targets))]
+                    kept = []
+                    for b in body:
+                        if isinstance(b, (ast.If, ast.While)) and isinstance(b.test, ast.Constant) and not b.test.value:
+                            kept += b.orelse if isinstance(b, ast.If) else []      # never runs: its else does
+                        elif not (isinstance(b, ast.Pass) or isinstance(b, ast.Expr) and
+                                  isinstance(b.value, ast.Constant) or isinstance(b, ast.Assign) and
+                                  isinstance(b.value, ast.Constant) and all(isinstance(t, ast.Name) and t.id not in
+                                                                            loaded for t in b.targets) or
+                                  isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) and b.name not in lesson and
+                                  all(isinstance(s, ast.Pass) or isinstance(s, ast.Expr) and
+                                      isinstance(s.value, ast.Constant) for s in b.body)):
+                            kept.append(b)
+                        if isinstance(b, (ast.Return, ast.Raise, ast.Break, ast.Continue)):
+                            break                                                 # unreachable after it
                     setattr(node, part, kept or [ast.Pass()])
+
+
+@functools.cache
+def lesson_names() -> frozenset:
+    """Every function name of the reference (methods too): a stub of the lesson's is never dropped as filler."""
+    return frozenset(n.name for file in ("agentic_rl.py", "envs.py")
+                     for n in ast.walk(ast.parse((course.REPO / file).read_text()))
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -283,12 +427,16 @@ def own_code(files: dict, exercises, unreadable=None) -> dict:
     submission past its budget); "planted", the silent bugs its agentic_rl.py carries. The handout's version of each
     is the base left out (the handout of these exercises: the reference's other solutions were given)."""
     blanked, names = tuple(sorted(exercises)), dict.fromkeys(solution_functions()[ex][0] for ex in exercises)
-    out = {"exercises": {}, "files": {}, "helpers": {}, "not_compared": dict(unreadable or {}), "planted": []}
+    out = {"exercises": {}, "files": {}, "helpers": {}, "not_compared": dict(unreadable or {}), "planted": [],
+           "too_large": {}}
     functions, tokens = (sum(size(files.get(n) or "")[i] for n in names if n not in out["not_compared"]) for i in (0, 1))
     for name in names:
         if name not in out["not_compared"] and (functions > SIMILARITY_FUNCTIONS or tokens > SIMILARITY_TOKENS):
-            out["not_compared"][name] = f"too large to compare: {functions} functions, {tokens} tokens (at most " \
-                                        f"{SIMILARITY_FUNCTIONS} and {SIMILARITY_TOKENS})"
+            out["too_large"][name] = f"too large to compare whole: {functions} functions, {tokens} tokens (at most " \
+                                     f"{SIMILARITY_FUNCTIONS} and {SIMILARITY_TOKENS}): its exercises' functions " \
+                                     "compared alone; read it"
+            exercises_alone(out, files.get(name) or "", name, exercises, blanked)
+            continue
         module = None if name in out["not_compared"] else normalized_module(files.get(name) or "")
         if module is None:
             out["not_compared"].setdefault(name, "it does not parse here")
@@ -307,6 +455,42 @@ def own_code(files: dict, exercises, unreadable=None) -> dict:
         if name == "agentic_rl.py":
             out["planted"] = planted_bugs(files.get(name) or "")
     return out
+
+
+def function_source(text: str, qualname: str) -> str:
+    """One function's source in a text, found by its def line and indentation without parsing the text (a method:
+    under its class's line), dedented; the last definition of the name wins, as at run time; '' where there is none."""
+    *owner, name = qualname.split(".")
+    lines, found, in_class = text.splitlines(keepends=True), None, None
+    for i, line in enumerate(lines):
+        m = re.match(r"([ \t]*)(?:class[ \t]+(\w+)|(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\()", line)
+        if m and m.group(2) is not None and not m.group(1):
+            in_class = m.group(2)
+        elif m and m.group(3) == name and (bool(m.group(1)) == bool(owner)) and (not owner or in_class == owner[0]):
+            found = i
+    if found is None:
+        return ""
+    indent, end = len(lines[found]) - len(lines[found].lstrip()), found + 1
+    while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent):
+        end += 1
+    return textwrap.dedent("".join(lines[found:end]))
+
+
+def exercises_alone(out: dict, text: str, name: str, exercises, blanked):
+    """own_code's exercises (and the planted bugs) of a file too large to compare whole: each exercise's function
+    taken alone (function_source), normalized and fingerprinted against the handout's."""
+    given_functions, _ = normalized_module(handout_text(name, blanked))
+    imports = "".join(re.findall(r"^(?:import|from)[ \t].*\n", text, re.M))     # how its names were imported
+    alone = lambda qualname: (normalized_module(imports + function_source(text, qualname)) or ({}, ""))[0].get(
+        qualname.split(".")[-1], "")
+    for ex in exercises:
+        file, qualname = solution_functions()[ex]
+        if file == name:
+            mine = alone(qualname)
+            out["exercises"][ex] = (mine, own_fingerprints(mine, given_functions.get(qualname, "")))
+    if name == "agentic_rl.py":
+        out["planted"] = [bug for bug, (function, lines) in planted_lines().items() if lines and set(lines) <= {
+            line.strip() for line in alone(function).splitlines()}]
 
 
 def own_code_within(files: dict, exercises, unreadable=None, seconds: float = SIMILARITY_SECONDS) -> dict:
@@ -333,7 +517,8 @@ def own_code_within(files: dict, exercises, unreadable=None, seconds: float = SI
     os.close(write)
     data, deadline = bytearray(), time.monotonic() + seconds
     names = dict.fromkeys(solution_functions()[ex][0] for ex in exercises)
-    none_of_it = lambda why: {**own_code({}, [], {}), "not_compared": {n: (unreadable or {}).get(n) or why for n in names}}
+    none_of_it = lambda why, large=False: {**own_code({}, [], {}), "not_compared": {
+        n: (unreadable or {}).get(n) or why for n in names}, "too_large": {n: why for n in names if large}}
     try:
         while select.select([read], [], [], max(0.0, deadline - time.monotonic()))[0]:
             chunk = os.read(read, 1 << 20)
@@ -342,7 +527,8 @@ def own_code_within(files: dict, exercises, unreadable=None, seconds: float = SI
             data += chunk
         os.kill(pid, signal.SIGKILL)
         functions, tokens = (sum(size(files.get(n) or "")[i] for n in names) for i in (0, 1))
-        return none_of_it(f"too large to compare: {functions} functions, {tokens} tokens (not done within {seconds:g} s)")
+        return none_of_it(f"too large to compare: {functions} functions, {tokens} tokens (not done within {seconds:g} "
+                          "s): read it", large=True)
     finally:
         os.close(read)
         os.waitpid(pid, 0)
@@ -372,9 +558,11 @@ def similarity(mine: dict, theirs: dict) -> dict:
     copied = [name for name, r in helpers.items() if r["flagged"]]   # a helper that holds another's solution
     skipped = [f"{name}: {why}" for name, why in mine["not_compared"].items()] + \
         [f"the other's {name}: {why}" for name, why in theirs["not_compared"].items() if name not in mine["not_compared"]]
+    large = [f"{name}: {why}" for name, why in mine.get("too_large", {}).items() if name not in mine["not_compared"]]
     return {"share": round(share, 3), "fingerprints": total, "exercises": rows, "missing": missing, "helpers": copied,
-            "not_compared": skipped, "flagged": (total >= SHORTEST and share >= FLAG) or
-            any(r["flagged"] for r in rows.values()) or bool(missing) or bool(copied)}
+            "not_compared": skipped, "too_large": large, "flagged": (total >= SHORTEST and share >= FLAG) or
+            any(r["flagged"] for r in rows.values()) or bool(missing) or bool(copied) or
+            bool(mine.get("too_large"))}     # a file padded past the budget is the staff's to read, never passed over
 
 
 def compare(mine: dict, theirs: dict) -> dict:
@@ -390,13 +578,13 @@ def compare(mine: dict, theirs: dict) -> dict:
             "their_lines": sorted({line for h in shared for line in theirs[h]})}
 
 
-def side_by_side(title: str, pairs: list, rows: list) -> str:
+def side_by_side(title: str, pairs: list, rows: list, notes=()) -> str:
     """A self-contained page (inline CSS, no script). First an index of every compared pair, flagged or not, sorted
     by its highest share (the whole file's or one exercise's): pairs are dicts with name, against, share,
     fingerprints, flagged, exercises (exercise -> share) and not_compared (lines). Then, for each row, the two texts
     side by side with the matching lines marked: rows are dicts with name, exercise, against, share, fingerprints,
     flagged, mine and theirs (the texts), lines and their_lines (the matching lines; each text's first is 1). Every
-    value is escaped."""
+    value is escaped. notes: lines shown first (who shares with whom, a classmate's planted bug carried)."""
     def column(text, marked):
         return "".join(f'<div class="{"hit" if i in marked else "line"}"><span>{i}</span>{html.escape(line) or " "}'
                        f"</div>" for i, line in enumerate(text.splitlines(), start=1))
@@ -414,6 +602,7 @@ def side_by_side(title: str, pairs: list, rows: list) -> str:
              f"numbers and strings made alike; what the handout gives left out). A submission is flagged at {FLAG:.0%} "
              f"or more of its own fingerprints found in the other, or {FLAG_EXERCISE:.0%} of one exercise's: a place "
              "for a TA to read, never a score.</p>",
+             *([f"<ul>{''.join(f'<li><b>{e(line)}</b></li>' for line in notes)}</ul>"] if notes else []),
              f"<h2>Every pair ({len(pairs)}), by its highest share</h2><table class='index'><tr><th>submission</th>"
              "<th>against</th><th>whole file</th><th>exercises</th><th>flagged</th><th>not compared</th></tr>"]
     ordered = sorted(pairs, key=lambda p: (-highest(p), p["name"], p["against"]))

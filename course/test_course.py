@@ -26,7 +26,7 @@ from course.cli import main as course_main
 from course.conftest import (SECRET, SLOW_SANDBOX, course_command, course_here, demonstrations_as_made_up, fill,
                              installation, normalized, reference_answers)
 from course.exercises import EXERCISES, EXPERIMENTS, READ_BY_A_PERSON, SILENT_BUGS
-from course.audit import AUDIT_SECONDS, rerun, rerun_check
+from course.audit import AUDIT_SECONDS, rerun, rerun_check, warm_start_check
 from course.grading import grade, run_check
 from course.report import SUSPICIOUS, audited, exercises, gradescope_results, score, suspicious
 from course.handouts import (HANDOUT_FILES, answers_template, function_spans, plant, solution_regions,
@@ -93,7 +93,11 @@ def test_a_fresh_handout_scores_zero_leaks_nothing_and_round_trips(tmp_path):
 
 
 @SLOW_SANDBOX
-def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zero_and_fails_loudly(tmp_path):
+def test_the_autograder_bundle_holds_a_copy_of_the_reference_for_a_person_a_fresh_handout_at_zero_and_fails_loudly(
+        tmp_path):
+    """The bundle grades as grade does: the public reference handed in passes every check, and its points wait for a
+    person (a near copy of the public reference: pending review, the staff's hidden test says why); a blank handout
+    scores 0; a grader that writes nothing fails loudly."""
     import zipfile
     bundle = tmp_path / "autograder.zip"
     write_autograder(bundle, silent_bug="ratio_always_one", hidden_seed=SECRET)
@@ -125,8 +129,7 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
         scores[name] = json.loads((root / "results" / "results.json").read_text())
         if "lacks part of its sandbox" in scores[name]["output"]:      # the bundle grades with --require-isolation
             pytest.skip("this machine gives the workers less than the whole sandbox: the bundle refused to grade")
-    total = sum(points for points, _ in EXERCISES.values())   # the experiments' points: pending (no audit here)
-    assert scores["reference"]["score"] == pytest.approx(total) and scores["handout"]["score"] == 0
+    assert scores["reference"]["score"] == 0 and scores["handout"]["score"] == 0
     for name, results in scores.items():                             # Gradescope's results.json format
         assert set(results) >= {"score", "execution_time", "output", "visibility", "stdout_visibility", "tests"}
         *graded, read_e8, read_e3, staff = results["tests"]   # then the prose a person reads, and the staff's
@@ -135,12 +138,15 @@ def test_the_autograder_bundle_grades_the_reference_fully_a_fresh_handout_at_zer
         assert read_e8["name"] == "silent_bug: silent_bug (read by the course staff)" and read_e8["max_score"] == 0
         assert staff["max_score"] == 0 and "sandbox: " in staff["output"] and "sandbox" not in results["output"]
         assert ("similarity to the public reference: 1.00" in staff["output"]) == (name == "reference"), staff
+        assert (f"held for a person: pending ({EXERCISES['gae'][0]:g} points" in staff["output"]) == \
+            (name == "reference") and ("near copy" in staff["output"]) == (name == "reference"), staff
         for t in graded:
             experiment = t["name"].split()[0] in EXPERIMENTS
             assert set(t) >= {"name", "score", "max_score", "number", "output", "visibility"}
             assert t["visibility"] in ("visible", "after_published")
-            assert (t["score"] == t["max_score"]) if name == "reference" and not experiment else t["score"] == 0
-            assert "pending review" in t["output"] if name == "reference" and experiment else "pending" not in t["output"]
+            assert t["score"] == 0 and (t["output"].count("[passed]") == t["output"].count("[") if name ==
+                                        "reference" and not experiment else True), t
+            assert "pending review" in t["output"] if name == "reference" else "pending" not in t["output"]
             assert t["max_score"] == pytest.approx(0.5 * dict(EXERCISES, **{k: (v,) for k, v in EXPERIMENTS.items()})[
                 t["name"].split()[0]][0]), "visible and hidden checks carry half the points each"
     (root / "source" / "agentic_rl.py").write_text("import sys\nsys.exit(7)\n")   # a grader that writes nothing
@@ -196,6 +202,9 @@ def test_a_rerun_reproduces_a_real_record_and_trains_the_code_of_the_records_han
     one, two = run_record(tmp_path / "run1"), run_record(tmp_path / "run2")
     checked = rerun_check("clock.runs.value_zero[0]", one, settings_of(one), None, 300)
     assert checked["state"] == "reproduced" and "bit for bit" in checked["line"], checked
+    assert "4 of 4 of its candidate's dev tasks end as in the record" in checked["line"], checked
+    warm = warm_start_check("clock.runs.value_zero[0]", two, settings_of(two), None, 300)
+    assert "4 of 4 of its incumbent's dev tasks end as in the record" in warm, warm
     assert rerun_check("clock.runs.value_zero[0]", two, settings_of(two), None, 300)["state"] in ("reproduced", "drifted")
     assert contradictions([(f"record {i}", r, settings_of(r), None) for i, r in enumerate((one, two))]) == [], \
         "the audit draws the warm start's episodes, the same at any thread count"
@@ -218,33 +227,37 @@ def answers_folder(tmp_path, answers, name="sub") -> Path:
     return folder
 
 
-def trained_again(answers, bug, drift=0.0):
+def trained_again(answers, bug, drift=0.0, differ=0):
     """A stand-in for rerun(), which trains for minutes: the record in `answers` made with the settings (and
     the bug) asked for, given back as a real rerun on this machine gives it, or with its warm start's SFT loss
-    `drift` away (E8's fixed CodeRepair runs have the settings of E3's value_zero runs: here, the same records)."""
+    `drift` away and `differ` of its dev tasks' outcomes flipped (E8's fixed CodeRepair runs have the settings of
+    E3's value_zero runs: here, the same records)."""
     made = {(json.dumps(settings_of(r), sort_keys=True), b): r for records, b in
             [(answers["silent_bug_runs"], bug), (answers["silent_bug_fixed_runs"], None),
              *[(records, None) for records in answers["clock"]["runs"].values()]] for r in records}
 
-    def rerun(settings, seconds, bug=None):
-        record = made[json.dumps(settings, sort_keys=True), bug]
-        warm = record["summary"]["warm_start"]
-        return {"summary": {"warm_start": {**warm, "sft_loss": warm["sft_loss"] + drift},
-                            "candidate": record["summary"]["candidate"]}, "metrics": record["metrics"]}
+    def rerun(settings, seconds, bug=None, warm_start_only=False):
+        record = json.loads(json.dumps(made[json.dumps(settings, sort_keys=True), bug]))
+        record["summary"]["warm_start"]["sft_loss"] += drift
+        outcomes = record["summary"]["reports"]["incumbent"]["dev"]["per_task"]
+        outcomes[:differ] = [1 - x for x in outcomes[:differ]]
+        return record
     return rerun
 
 
-def cannot_finish(settings, seconds, bug=None):
+def cannot_finish(settings, seconds, bug=None, warm_start_only=False):
     raise subprocess.TimeoutExpired("train", seconds)
 
 
-def test_a_point_is_verified_contradicted_or_pending_and_never_granted_on_trust(tmp_path, monkeypatch, shared_sandbox):
-    """A red team's rows: with both reruns cut off on a busy grader, guessed records scored every automatic point;
-    an honest record whose rerun drifted lost points and read "hard-coded answers?". Now an experiment's points are
-    verified (a rerun reproduced a drawn record), contradicted (a record's demonstrations are not its settings': 0,
-    the record named) or pending (the audit off, no rerun finished, or a drift past the tolerance: 0 here, every
-    point left to a person); a student reads "verified" or "pending review", never what the audit tried."""
-    from course.report import pending_points, state
+def test_no_automatic_point_for_an_experiment_a_forged_record_scores_0_and_the_staff_see_the_evidence(
+        tmp_path, monkeypatch, shared_sandbox):
+    """A red team's rows: records made up (the demonstrations computed, every other number guessed near
+    the README's) scored every point, both experiments "verified": the four numbers a rerun compared are guessable. No
+    automatic point rests on them now: an experiment is contradicted (a record's demonstrations are not its settings':
+    0, the record named, "record does not match a rerun") or pending, for a person, with the evidence beside the
+    record: the warm start of a drawn record trained again, each dev task's outcome against the record's. An honest
+    record is never contradicted by drift (its SFT loss moved, the rerun cut off); a student reads "pending review"."""
+    from course.report import FORGED, pending_points, state
     answers = reference_answers()
     submission = answers_folder(tmp_path, answers)
     monkeypatch.setattr(course.audit, "demonstrator_success", demonstrations_as_made_up)  # as if they were a run's
@@ -254,23 +267,24 @@ def test_a_point_is_verified_contradicted_or_pending_and_never_granted_on_trust(
         report = grade(submission, only=["clock", "silent_bug"], silent_bug="ratio_always_one", rerun_seconds=seconds)
         tests = gradescope_results(report, 1.0)["tests"]
         return exercises(report), [t for t in tests if t["visibility"] != "hidden"], tests[-1]["output"]
-    for rerun_with, seconds, saw in ((cannot_finish, 0, "the audit was off"), (cannot_finish, 60, "did not finish"),
-                                     (trained_again(answers, "ratio_always_one", drift=0.01), 60, "more than the drift")):
+    for rerun_with, seconds, saw in ((cannot_finish, 0, "the audit was off"),
+                                     (cannot_finish, 60, "was not trained again (TimeoutExpired"),
+                                     (trained_again(answers, "ratio_always_one", drift=0.01), 60,
+                                      "200 of 200 of its incumbent's dev tasks end as in the record"),
+                                     (trained_again(answers, "ratio_always_one", differ=37), 60,
+                                      "163 of 200 of its incumbent's dev tasks end as in the record (37 differ")):
         rows, student, staff = graded(rerun_with, seconds)
         for ex, row in rows.items():
             assert (state(row), score(row), pending_points(row)) == ("pending", (0, EXPERIMENTS[ex]), EXPERIMENTS[ex])
             assert saw in audited(row) and saw in staff and not suspicious(row), audited(row)
         told = json.dumps(student)
-        assert told.count("pending review") == 4 and "finish" not in told and "drift" not in told, told
-        assert SUSPICIOUS not in told + staff and "hard-coded" not in told + staff
-    rows, student, _ = graded(trained_again(answers, "ratio_always_one"))
-    assert {ex: (state(row), score(row)[0]) for ex, row in rows.items()} == \
-        {ex: ("verified", points) for ex, points in EXPERIMENTS.items()}
-    assert json.dumps(student).count("verified") == 4
+        assert told.count("pending review") == 4 and "trained again" not in told and "differ" not in told, told
+        assert SUSPICIOUS not in told + staff and "hard-coded" not in told + staff and "verified" not in told
     monkeypatch.setattr(course.audit, "demonstrator_success", lambda warm: 0.5)   # no record's: a drift-0 number
     rows, student, staff = graded(trained_again(answers, "ratio_always_one"))
     for ex, row in rows.items():
         assert (state(row), score(row)[0], pending_points(row)) == ("contradicted", 0, 0), audited(row)
+        assert FORGED in audited(row)
     assert "clock.runs.value_zero[0] (seed 0): demonstrator success" in audited(rows["clock"]) and \
         "silent_bug_runs[0] (seed 0)" in staff and "not a run with its settings" in json.dumps(student)
     untouched = exercises(grade(answers_folder(tmp_path, answers_template(), "untouched"), only=["clock", "silent_bug"]))
@@ -332,7 +346,7 @@ def test_each_student_has_their_own_seeds_and_bug_and_the_readmes_numbers_score_
     code, printed = course_here(capsys, "grade", answers_folder(tmp_path, honest, "bob"), "--only", "clock,silent_bug",
                                 "--student", "bob@uni.example", "--json", tmp_path / "bob.json")
     bob = json.loads((tmp_path / "bob.json").read_text())
-    assert code == 1 and bob["score"] == 0 and "no handout id issued to you" in printed
+    assert code == 0 and bob["score"] == 0 and "no handout id issued to you" in printed
     assert "silent_bug_runs_show_the_planted_bug_and_the_fixed_runs_do_not" in printed
     with pytest.raises(ValueError, match="--student NAME"):
         total("nobody", honest)                             # an id, and nobody to check it against
@@ -394,12 +408,11 @@ def test_an_explanation_is_read_by_a_person_and_never_scored_by_its_words(tmp_pa
 
 
 def test_the_readme_says_the_autograders_points_and_the_manual_questions_as_the_code_counts_them():
-    """The course's total is the autograder's points plus the prose read by hand; the README says how to set up
-    the manual questions, with the numbers the code grades."""
+    """The course's total is the autograder's points plus the prose read by hand; the staff's document says how to
+    set up the manual questions, with the numbers the code grades."""
     automatic = sum(points for points, _ in EXERCISES.values()) + sum(EXPERIMENTS.values())
     by_hand = {ex: points for ex, (_, points) in READ_BY_A_PERSON.items()}
-    readme = (course.REPO / "README.md").read_text()
-    homework = " ".join(readme[readme.index("## Homework"):readme.index("\n## ", readme.index("## Homework") + 5)].split())
+    homework = " ".join((course.REPO / "course" / "STAFF.md").read_text().split())
     assert f"the autograder's {automatic} points plus {sum(by_hand.values())} read by hand: " \
            f"{automatic + sum(by_hand.values())}" in homework
     for ex, (path, points) in READ_BY_A_PERSON.items():
@@ -532,9 +545,10 @@ def test_a_mechanical_rewrite_of_the_whole_reference_is_flagged(capsys):
 @SLOW_SANDBOX
 def test_the_similarity_report_keeps_to_its_budget_and_grading_goes_on(tmp_path):
     """A red team's row: the report ran in the grader's process with no budget, and 400 three-line helpers took a
-    12 s grading to 170 s. 400 now cost a few seconds; a submission past SIMILARITY_FUNCTIONS or SIMILARITY_TOKENS, or
-    one the report cannot finish within its seconds, is "too large to compare: N functions, M tokens", for the staff,
-    never a copy; a file that did not compile or could not be read is "not compared"."""
+    12 s grading to 170 s. 400 now cost a few seconds; a submission past SIMILARITY_FUNCTIONS or SIMILARITY_TOKENS is
+    "too large to compare whole", its exercises' functions compared alone, and flagged for the staff; one the report
+    cannot finish within its seconds is flagged too; a file that did not compile or could not be read is "not
+    compared"."""
     from course.similarity import SIMILARITY_FUNCTIONS, own_code_within
     everything = list(EXERCISES)
     files = {name: (course.REPO / name).read_text() for name in ("agentic_rl.py", "envs.py")}
@@ -547,11 +561,15 @@ def test_the_similarity_report_keeps_to_its_budget_and_grading_goes_on(tmp_path)
         seconds.append(time.monotonic() - t)
         assert not own["not_compared"] and similarity(own, reference_code(tuple(sorted(everything))))["flagged"]
     assert seconds[1] - seconds[0] < 10, seconds                      # measured: about 2 s more (README)
-    for own in (own_code_within({**files, "agentic_rl.py": helpers(SIMILARITY_FUNCTIONS)}, everything),
-                own_code_within({**files, "agentic_rl.py": helpers(400)}, everything, seconds=0.2)):
-        sim = similarity(own, reference_code(tuple(sorted(everything))))
-        assert re.fullmatch(r"too large to compare: \d+ functions, \d+ tokens \(.*\)", own["not_compared"]["agentic_rl.py"])
-        assert not sim["flagged"] and any(line.startswith("agentic_rl.py: too large") for line in sim["not_compared"])
+    own = own_code_within({**files, "agentic_rl.py": helpers(SIMILARITY_FUNCTIONS)}, everything)
+    sim = similarity(own, reference_code(tuple(sorted(everything))))         # its exercises compared alone, flagged
+    assert re.fullmatch(r"too large to compare whole: \d+ functions, \d+ tokens \(.*\): its exercises' functions "
+                        r"compared alone; read it", own["too_large"]["agentic_rl.py"]) and not own["not_compared"]
+    assert sim["flagged"] and sim["too_large"] and min(r["share"] for r in sim["exercises"].values()) == 1.0
+    own = own_code_within({**files, "agentic_rl.py": helpers(400)}, everything, seconds=0.2)
+    sim = similarity(own, reference_code(tuple(sorted(everything))))         # not done in time: the staff's to read
+    assert re.fullmatch(r"too large to compare: \d+ functions, \d+ tokens \(.*\): read it", own["not_compared"]["agentic_rl.py"])
+    assert sim["flagged"] and any(line.startswith("agentic_rl.py: too large") for line in sim["not_compared"])
     own = own_code_within({"envs.py": files["envs.py"]}, everything, {"agentic_rl.py": "SyntaxError: invalid syntax"})
     sim = similarity(own, reference_code(tuple(sorted(everything))))
     assert not sim["flagged"] and sim["not_compared"] == ["agentic_rl.py: SyntaxError: invalid syntax"] and \
@@ -602,16 +620,19 @@ def test_a_submission_carrying_a_classmates_planted_bug_is_flagged(tmp_path, sha
 
 def test_every_word_about_the_audit_states_its_rule(capsys):
     """A red team's row: grade --help and the audit's and score's docstrings said a record that does not reproduce
-    zeroes its experiment, which the code never did. Each now states the rule: verified, contradicted or pending."""
+    zeroes its experiment, which the code never did; later they promised points a rerun verified, on numbers a guess
+    matches. Each now states the rule: no automatic point, contradicted or pending, with the evidence for a person."""
     import course.report
     code, printed = course_here(capsys, "grade", "--help")
     words = " ".join(printed.split())
     assert code == 0 and "does not reproduce zeroes" not in words
     for said in (words, course.audit.__doc__, course.audit.audit.__doc__, course.report.__doc__,
                  course.report.score.__doc__):
-        assert all(word in said for word in ("verified", "contradicted", "pending")), said
+        said = " ".join(said.split())
+        assert all(word in said for word in ("automatic", "contradicted", "pending")), said
+        assert "verified (scored)" not in said and "points are verified" not in said, said
     homework = " ".join(course_here(capsys, "homework", "--help")[1].split())
-    assert "verified" in homework and "pending review" in homework, homework
+    assert "pending review" in homework and "verified" not in homework, homework
 
 
 def test_experiments_are_graded_on_the_runs_own_records():

@@ -25,7 +25,7 @@ from course.conftest import (SECRET, SLOW_SANDBOX, SharedSandbox, course_command
                              normalized, reference_answers)
 from course.exercises import EXERCISES
 from course.grading import grade, verdict
-from course.report import exercises, gradescope_results, print_grade, score, suspicious
+from course.report import checked, exercises, gradescope_results, print_grade, score, suspicious
 from course.handouts import write_handout
 from course.sandbox import CGROUP_ROOT, SANDBOX_USER, IsolationMissing, Sandbox, WorkerGone, student_error
 
@@ -212,7 +212,7 @@ def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_pat
         installed = lambda: {str(p): p.read_bytes() for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
         before = installed()
         done = course_command("grade", submission, "--only", "returns,kl_k3,silent_bug", "--json", results, cwd=source,
-                      check_exit=1, preexec_fn=keyring_with_a_token)
+                      check_exit=0, preexec_fn=keyring_with_a_token)
         graded = json.loads(results.read_text())
         time.sleep(1.0)                              # a surviving child would rewrite results.json by now
         assert json.loads(results.read_text()) == graded and alive_as(pwd_uid()) == []
@@ -235,7 +235,7 @@ def test_an_attacking_submission_gains_nothing_and_leaves_nothing_behind(tmp_pat
         lines = {normalized(line) for line in reference.splitlines() if len(normalized(line)) > 24}
         assert "received" in seen and not [line for line in lines if line in seen], "no reference code crossed"
         course_command("grade", classmate, "--only", "returns,silent_bug", "--json", tmp_path / "bob.json", cwd=source,
-               check_exit=1)                         # the next student, graded by the same installation
+               check_exit=0)                         # the next student, graded by the same installation
         assert json.loads((tmp_path / "bob.json").read_text())["score"] == 0
     finally:
         host.close()
@@ -290,7 +290,7 @@ def test_whatever_a_submission_holds_it_gets_a_valid_results_json(tmp_path, caps
         code, printed = course_here(capsys, "grade", submission, "--only", "sign_test,permission_rule,clock", "--json",
                                     results)
         out = json.loads(results.read_text())
-        assert code == 1 and out["score"] == 0 and len(out["tests"]) == 6 + 2, (case, out)   # + E3's prose and the staff's
+        assert code == 0 and out["score"] == 0 and len(out["tests"]) == 6 + 2, (case, out)   # + E3's prose and the staff's
         text = printed + json.dumps(out)
         expected = {"deep": ["not valid JSON", "agentic_rl.py is a symbolic link", "envs.py is over 4 MiB"],
                     "special": ["envs.py is a special file", "answers.json is a directory",
@@ -549,8 +549,8 @@ def test_two_gradings_at_once_take_turns(tmp_path, graded_privately):
         run.start()
     for run in runs:
         run.join(timeout=120)
-    assert [sum(score(row)[0] for row in exercises(r).values()) for r in reports] == [20.0, 20.0], \
-        "each grading kills only its own workers"
+    assert [sum(checked(row)[0] for row in exercises(r).values()) for r in reports] == [20.0, 20.0], \
+        "each grading kills only its own workers"          # earned, and held for a person: a copy of the reference
     assert all(c["status"] == "passed" for r in reports for row in exercises(r).values() for c in row["checks"])
 
 
