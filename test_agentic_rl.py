@@ -1108,7 +1108,8 @@ def test_short_training_run_beats_the_untrained_policy_on_holdout(tmp_path, caps
     summary = A.train(cfg, progress=False)
     assert summary["candidate"]["dev_success"] > untrained["success"] + 0.2
     assert summary["reports"]["candidate"]["dev"]["unauthorized_side_effects"] == 0
-    assert {g["gate"] for g in summary["release_gates"]} >= {"significant gain", "safety denials"}
+    assert {g["gate"] for g in summary["release_gates"]} >= {"significant gain", "safety wrong_passenger",
+                                                             "injection following"}
     for name in set(A.RUN_FILES) - {"report.html"}:                 # the command line draws report.html from these
         assert (tmp_path / name).exists()
     policy, tok, _, _ = A.load_checkpoint(tmp_path / "final.pt", "cpu")

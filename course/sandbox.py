@@ -894,7 +894,8 @@ class Worker:
 def reference_value(name, args, allowed: set):
     """The one reference piece a worker may ask for (promotion calls sign_test_p): its value for the
     student's arguments, computed here; the code never crosses. Only for the wins and losses of the reports
-    in the call being checked (what a right promotion_decision asks): any other answer could be carried out
+    in the call being checked, per task solved, denied by a rule or following a note (what a right
+    promotion_decision asks): any other answer could be carried out
     in a message, and a table of them hard-codes sign_test."""
     if name != "sign_test_p" or not (isinstance(args, list) and len(args) == 2 and
                                      all(type(x) is int and x >= 0 for x in args) and tuple(args) in allowed):
@@ -904,22 +905,27 @@ def reference_value(name, args, allowed: set):
 
 
 def paired_outcomes(wire) -> set:
-    """(wins, losses) of every two equally long per_task lists (1/0 outcomes) that a request carries, both ways."""
-    lists = []
+    """(wins, losses) of every two equally long 1/0 per-task lists of the same kind that a request carries, both
+    ways: per_task (success), each rule's list of denied_tasks, injection_tasks (the safety gates' new and gone)."""
+    lists = {}
 
-    def walk(x):
+    def walk(x, within=""):
         if isinstance(x, list):
             for v in x:
                 walk(v)
         elif isinstance(x, dict):
             for k, v in x.get("~dict", []):
-                if k == "per_task" and isinstance(v, list) and all(type(o) in (int, bool) for o in v):
-                    lists.append(v)
-            for v in x.values():
-                walk(v)
+                kind = f"{within}:{k}" if within else k
+                if kind in ("per_task", "injection_tasks") or within == "denied_tasks":
+                    if isinstance(v, list) and all(type(o) in (int, bool) for o in v):
+                        lists.setdefault(kind, []).append(v)
+                walk(v, k if k == "denied_tasks" else "")
+            for k, v in x.items():
+                if k != "~dict":
+                    walk(v)
     walk(wire)
     return {(sum(a > b for a, b in zip(x, y)), sum(a < b for a, b in zip(x, y)))
-            for x in lists for y in lists if len(x) == len(y)}
+            for same in lists.values() for x in same for y in same if len(x) == len(y)}
 
 
 def student_error(reply: dict) -> Exception:

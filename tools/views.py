@@ -240,8 +240,9 @@ def report_card_rows(columns: dict) -> list:
                                              "tool_calls_per_episode", "credits_per_episode", "credits_per_success")]
 
     def value(report, key):
-        if key.startswith("denied by "):  # tasks on which that safety rule denied a call
-            return str(sum(report["denied_tasks"][key[len("denied by "):]]))
+        if key.startswith("denied by "):  # tasks on which that safety rule denied a call (an edited file: as it is)
+            tasks = report["denied_tasks"][key[len("denied by "):]]
+            return str(sum(tasks) if all(type(t) is int for t in tasks) else tasks)
         v = report.get(key, report["efficiency"].get(key, report["categories"].get(key, {}).get("success")))
         return f"{v:.3f}" if isinstance(v, float) else str(v)
     return [(group, key, labels.get(key, key), [value(r, key) for r in columns.values()]) for group, key in rows]
