@@ -2018,7 +2018,7 @@ TINY_FLAGS = ["--device", "cpu", "--warm-start-episodes", "0", "--iterations", "
               "--group-size", "2", "--eval-episodes", "4", "--pass-k-tasks", "2", "--n-embd", "32", "--n-head", "2"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one run for this file and tools/test_tools.py
 def default_runs(tmp_path_factory):
     """A folder where `train` + TINY_FLAGS ran once with no --run-dir (so into runs/flightbooking-grpo-s0): the
     default-command test runs it a second time there; the grader's rerun test trains that record again."""
