@@ -2040,7 +2040,7 @@ def main(argv=None):
     p_eval.add_argument("--part", default="test", choices=("dev", "test"), help="held-out part (default: test)")
     eval_flags = ("eval_episodes", "eval_seed", "injection_rate", "pass_k", "pass_k_tasks")
     add_config_flags(p_eval, only=("device",) + eval_flags)
-    tool = None
+    tool = ready = None
     for command, (module, text) in TOOLS.items():
         p_tool = sub.add_parser(command, help=text)
         if argv[:1] == [command]:  # this command's tool: its own flags (tool.add_arguments), then tool.run
@@ -2058,8 +2058,8 @@ def main(argv=None):
             cfg = validate_config(replace(cfg, **{name: getattr(args, name) for name in eval_flags}))
         elif args.command in ("demo", "train"):
             cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config)}))
-        elif tool is not None:
-            ready = tool.prepare(args.command, args)  # the tool's own checks of its flags
+        elif hasattr(tool, "prepare"):
+            ready = tool.prepare(args.command, args)  # a tool's own checks of its flags, if it has any
     except ValueError as e:
         parser.error(str(e))
     try:  # ... while a failure during the run is reported as what it is (exit 1)

@@ -52,7 +52,7 @@ def resolve_env(env: str) -> tuple:
     hint = f"; for class {tail} of module {head}, write {head}:{tail}" if dot and tail.isidentifier() else \
         f"; for a class of module {env}, write {env}:CLASS" if env.isidentifier() else ""
     raise ValueError(f"env={env!r}: no gymnasium id of that name{hint}; use a registered one ({', '.join(mine)}) or "
-                     "MODULE:CLASS (your own: python agentic_rl.py new-env NAME writes one)")
+                     "MODULE:CLASS (your own: python agentic_rl.py new-env NAME copies library.py, one)")
 
 
 def import_env_module(module: str, env: str):
@@ -81,7 +81,7 @@ def text_tool_class(found, env: str):
         else f"not an environment class ({type(found).__name__})"
     label = found.__name__ if isinstance(found, type) else env.rpartition(":")[2]
     raise ValueError(f"env={env!r}: {label} is {what}: subclass envs.TextToolEnv, whose "
-                     "docstring is the contract the learner relies on (python agentic_rl.py new-env NAME writes one)")
+                     "docstring is the contract the learner relies on (python agentic_rl.py new-env NAME copies library.py, one)")
 
 
 def env_class(env: str):

@@ -93,7 +93,7 @@ def parse_action(text, tool_schema, argument_words):
 class TextToolEnv(gym.Env):
     """The environment contract (the chapter's section 01), written once: what a task provides so that the learner
     (agentic_rl.py) can train on it, gate it and judge it. `python agentic_rl.py check-env MODULE:CLASS` checks it by
-    playing; `python agentic_rl.py new-env NAME` writes the smallest complete subclass (README: "Your own environment").
+    playing; `python agentic_rl.py new-env NAME` copies the smallest complete subclass, library.py (README).
 
     Class attributes, read by a host before any episode:
         env_version, reward_version   non-empty strings: change one when the task or its verifier changes (a

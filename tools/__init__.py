@@ -6,5 +6,6 @@ nothing in the lesson imports them (envs.py <- envload.py <- agentic_rl.py <- to
     examples   the chapter's worked examples, computed by the functions training uses
     compare    every route from one warm start, on the same held-out tasks
     bench      speed and memory
+    meeting    not a tool: a meeting scheduler with two gate rules, an environment of one's own (README)
 Their tests live beside them (test_tools.py).
 """

@@ -97,9 +97,5 @@ def add_arguments(command: str, parser):
     add_config_flags(parser, only=("device",))
 
 
-def prepare(command: str, args):
-    return None
-
-
 def run(command: str, args, ready):
     bench(args.device, args.quick, args.out)

@@ -81,9 +81,5 @@ def add_arguments(command: str, parser):
                         help="also draw them (default runs/examples.html)")
 
 
-def prepare(command: str, args):
-    return None
-
-
 def run(command: str, args, ready):
     print_examples(args.html)

@@ -404,10 +404,6 @@ def add_arguments(command: str, parser):
     add_config_flags(parser, only=("device",))
 
 
-def prepare(command: str, args):
-    return None
-
-
 def run(command: str, args, ready):
     if command == "play":
         play(args.env, args.seed, args.split)
