@@ -213,6 +213,40 @@ def test_new_env_writes_a_real_worked_episode_and_refuses_a_bad_name(own_env):
             new_env(name)
 
 
+def test_a_run_names_its_environments_module_before_importing_it_and_only_from_here(default_runs, tmp_path,
+                                                                                   monkeypatch, capsys):
+    run = edited_copy(default_runs, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", sys.path + [str(tmp_path / "elsewhere")])    # importable, not from here
+    monkeypatch.setenv("BROWSER", "true")  # had antigravity been imported, its browser would open nothing
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "planted_env.py").write_text("import pathlib\npathlib.Path('planted-ran').touch()\n")
+    (tmp_path / "mine_env.py").write_text("from library import LibraryEnv as MineEnv\n")
+    saved = {name: torch.load(run / name, weights_only=True) for name in ("final.pt", "state.pt")}
+    saved["state.pt"]["config"]["iterations"] = 2                                   # one iteration left to resume
+    for env in ("antigravity:X", "planted_env:X", "mine_env:MineEnv"):
+        module = env.partition(":")[0]
+        assert module not in sys.modules
+        for name, data in saved.items():
+            torch.save({**data, "config": {**data["config"], "env": env}}, run / name)
+        for argv in (["eval", "--ckpt", str(run / "final.pt")], ["show", "--ckpt", str(run / "final.pt")],
+                     ["train", "--resume", str(run)]):
+            with pytest.raises(SystemExit) as refused:
+                A.main(argv)
+            said = f"{refused.value.code} {capsys.readouterr().err}"
+            if module == "mine_env":  # in the working directory: said, then imported (then refused: not its run)
+                assert argv[0] != "eval" or re.search(f"its environment mine_env:MineEnv is module mine_env, imported "
+                                                      f"from {re.escape(str(tmp_path.resolve()))}/mine_env.py", said)
+                assert "mine_env" in sys.modules and "Traceback" not in said, said
+                continue
+            assert re.search(f"it names environment '{env}', and module {module} is /.*{module}.py, outside the "
+                             "working directory .* and this project's folder: a run's file may name only a module "
+                             "there; nothing was imported", said), said
+            assert module not in sys.modules and not Path("planted-ran").exists(), argv
+    resolve_env.cache_clear()
+    sys.modules.pop("mine_env", None)
+
+
 # ------------------------------------------------------------------------------------------------
 # show and play
 # ------------------------------------------------------------------------------------------------
