@@ -55,7 +55,7 @@ def check_contract(cfg: Config, episodes: int, fresh: bool = True) -> tuple:
     well-formed calls (which meet the gate's rules) -> (failures {rule: [at most 3 sentences]}, facts: per habit, the
     demonstrator's train episodes, successes, cuts, denials and costs; task ids where the evaluator and the reward
     disagree; the longest observation and episode; the words played). fresh: also compare FRESH_SEEDS' episodes
-    with two fresh processes' (check_fresh; they start now and play while this one does). train() runs it with a few
+    with a fresh process's (check_fresh; it starts now and plays while this one does). train() runs it with a few
     episodes before it builds anything; check-env with many; both after the class passed class_failures
     (validate_config). Each call into the environment runs under envcalls.CALL_LIMIT_S; a Stop ends the check."""
     cfg, found = replace(cfg, time_limit=0, tool_latency_ms=0.0), {}
@@ -69,8 +69,8 @@ def check_contract(cfg: Config, episodes: int, fresh: bool = True) -> tuple:
         with call_limits(envcalls.CALL_LIMIT_S):
             theirs = os.environ.get("PYTHONHASHSEED", "")  # the fresh ones' seeds differ from this process's
             hash_seed = int(theirs) % 1000 + 1 if theirs.isdigit() else 0
-            if fresh:  # two fresh processes, two PYTHONHASHSEEDs, the seeds in another order than this one's
-                started = [start_fresh(cfg.env, FRESH_SEEDS[::-1], hash_seed + k) for k in (0, 1)]
+            if fresh:  # a fresh process, another PYTHONHASHSEED, the seeds in another order than this one's
+                started = [start_fresh(cfg.env, FRESH_SEEDS[::-1], hash_seed)]
             play_contract(cfg, episodes, fail, facts, found)
             if started and all(started):  # (shared state may be what the failures above come from: say it too)
                 check_fresh(cfg.env, started, hash_seed, fail)
@@ -148,32 +148,33 @@ def count_denials(cls, played: list, denied: dict):
 
 def check_fresh(env: str, started: list, hash_seed: int, fail):
     """No state shared across episodes, and no order that changes with PYTHONHASHSEED: the demonstrator's episodes
-    of FRESH_SEEDS, played here after the whole check, must be those two fresh processes played first, in reverse
-    order (start_fresh, with PYTHONHASHSEED hash_seed and hash_seed + 1). If the two fresh ones differ, the order of
-    a set (or of what was built from one) reached the episode; if only this process differs, state did."""
+    of FRESH_SEEDS, played here after the whole check, must be those a fresh process played first, in reverse order
+    (started: start_fresh with PYTHONHASHSEED hash_seed). Where they differ, a second fresh process (hash_seed + 1,
+    the same order; appended to started) tells why: if the two fresh ones differ too, the order of a set (or of
+    what was built from one) reached the episode; if only this process differs, state did."""
     try:
         here = transcripts(env, FRESH_SEEDS)
     except Exception:  # what raised was said by the episodes above
         return
     wait_s = 3 * (envcalls.LIMIT[0] or envcalls.CALL_LIMIT_S) + 30  # its own calls are limited too
-    there, other = (finish_fresh(each, wait_s) for each in started)
-    for found in (there, other):
-        if "error" in found:
-            return fail("isolation", f"played first in a fresh process, the demonstrator's episodes failed where "
-                                     f"they passed here: {found['error']}")
-    for seed in map(str, FRESH_SEEDS):
-        if there[seed] != other[seed]:
-            return fail("processes", f"seed {seed}'s episode differs between two fresh processes (PYTHONHASHSEED="
-                                     f"{hash_seed} and {hash_seed + 1}): {difference(there[seed], other[seed])}: the "
-                                     "iteration order of a set of str changes with PYTHONHASHSEED; sort it (sorted("
-                                     "...)) before it reaches an observation, a call or a verdict")
-    for seed in map(str, FRESH_SEEDS):
-        if here[seed] != there[seed]:
-            return fail("isolation", f"seed {seed}'s episode, played here after the whole check, differs from a "
-                                     f"fresh process's: {difference(here[seed], there[seed])}: state is carried "
-                                     "across episodes (a module-level or class-level list or dict the environment "
-                                     "writes to; keep an episode's state in new_state(task)), or something other "
-                                     "than self.np_random draws")
+    there = finish_fresh(started[0], wait_s)
+    if "error" in there:
+        return fail("isolation", f"played first in a fresh process, the demonstrator's episodes failed where "
+                                 f"they passed here: {there['error']}")
+    seed = next((seed for seed in map(str, FRESH_SEEDS) if here[seed] != there[seed]), None)
+    if seed is None:
+        return
+    started.append(start_fresh(env, FRESH_SEEDS[::-1], hash_seed + 1))
+    other = finish_fresh(started[-1], wait_s)
+    if "error" not in other and other[seed] != there[seed]:
+        return fail("processes", f"seed {seed}'s episode differs between two fresh processes (PYTHONHASHSEED="
+                                 f"{hash_seed} and {hash_seed + 1}): {difference(there[seed], other[seed])}: the "
+                                 "iteration order of a set of str changes with PYTHONHASHSEED; sort it (sorted("
+                                 "...)) before it reaches an observation, a call or a verdict")
+    fail("isolation", f"seed {seed}'s episode, played here after the whole check, differs from a fresh process's: "
+                      f"{difference(here[seed], there[seed])}: state is carried across episodes (a module-level or "
+                      "class-level list or dict the environment writes to; keep an episode's state in "
+                      "new_state(task)), or something other than self.np_random draws")
 
 
 def difference(a: list, b: list) -> str:

@@ -197,7 +197,9 @@ def test_check_env_fails_a_habit_that_costs_nothing_and_notes_what_will_cost(own
             (dict(Demonstrator=NoHabit), True, "the habit costs nothing, so imitation copies nothing for RL to fix"),
             (dict(tool_cost={**lib.tool_cost, "check": 6.0}), False, "note  without its habit the demonstrator spends "
                                                                      "[0-9.]+ credits per success, with it [0-9.]+"),
-            (dict(max_obs_words=150), False, "note  max_obs_words 150 is far above the longest observation played")]:
+            (dict(max_obs_words=150), False, "note  max_obs_words 150 is far above the longest observation played"),
+            (dict(words=lib.words + tuple(f"w{i}" for i in range(2000))), False,
+             "note  Env.words has 2,080 words, and the episodes played here used [0-9]+ of them")]:
         assert check_env_command(broken(re.sub(r"\W", "_", said[:12]), lib, **changes), 20) is not failed
         assert re.search(said, capsys.readouterr().out)
 
