@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import envs
-from envload import ENV_FLAGS, class_failures, env_class, env_keywords, env_settings, make_env  # envload.py: the
+from envload import ENV_FLAGS, class_failures, env_class, env_keywords, env_settings, make_env, saved_env  # envload.py: the
 # TextToolEnv class an --env names (env_class), its class checked, and make_env(cfg): an instance as configured
 
 
@@ -1625,6 +1625,7 @@ def saved_config(data: dict, what: str) -> Config:
     if not isinstance(saved, dict) or set(saved) != names:
         missing, unknown = sorted(names - set(saved or {})), sorted(set(saved or {}) - names)
         raise ValueError(f"{what}: its config lacks {missing} / has unknown {unknown}; it is from another version")
+    saved_env(saved["env"], what)  # a name read from a file: its module is said, and imported only from here (envload.py)
     return validate_config(Config(**saved))
 
 

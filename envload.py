@@ -8,9 +8,16 @@ the class before anything runs, and make_env() for an instance built with the ru
 check-env` then checks the rest by playing (tools/envcheck.py). This module knows agentic_rl's Config only by the
 names of its fields (it imports nothing of the learner).
 A mistake is one sentence (a ValueError naming the value and the fix), never a traceback.
+
+What is imported, and when: an --env you type imports its module as `import` would (from the working directory too).
+A name read from a run's own file (a checkpoint, state.pt: eval, show, train --resume) is a name someone else may have
+written: saved_env imports its module only from the working directory or this project's folder, and says which file
+before anything of it runs; any other module (Python's own `antigravity` opens a browser when imported) is refused.
 """
 import functools
 import importlib
+import importlib.machinery
+import importlib.util
 import inspect
 import os
 import sys
@@ -69,8 +76,36 @@ def import_env_module(module: str, env: str):
                                  f"run from the folder that holds {module.replace('.', '/')}.py, or add that "
                                  "folder to PYTHONPATH") from None
             sys.path.append(os.getcwd())
-        except Exception as e:  # the module's own error: say where it was raised
-            raise ValueError(f"env={env!r}: importing {module} failed: {raised(e)}") from e
+        except (Exception, SystemExit, KeyboardInterrupt) as e:  # the module's own error (or exit): say where
+            raise ValueError(f"env={env!r}: importing {module} failed: {raised(e)}") from None
+
+
+HERE = Path(__file__).resolve().parent  # this project's folder: library.py and envs.py ship in it
+
+
+def saved_env(env: str, what: str):
+    """A run's file (`what`: a checkpoint or state.pt) names its environment `env`: before its module is imported, say
+    which file it is, and refuse one outside the working directory and this project's folder (nothing of it runs).
+    An --env the user typed is not checked here; a module this process already imported runs nothing new."""
+    module = env.rpartition(":")[0]
+    if not module or module in sys.modules or not all(part.isidentifier() for part in module.split(".")):
+        return  # a registered id, a module already imported, or a name resolve_env refuses without importing
+    top = module.split(".")[0]
+    if top in sys.modules:
+        origin = getattr(sys.modules[top], "__file__", None)
+    else:  # found as `import` would find it (the working directory last), without running it
+        spec = importlib.util.find_spec(top) or importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
+        if spec is None:
+            return  # nowhere to be found: resolve_env says so, and says where to run from
+        origin = spec.origin
+    file = Path(origin).resolve() if origin and origin not in ("built-in", "frozen") else None
+    folder = file and (file.parent.parent if file.name == "__init__.py" else file.parent)
+    if folder not in (Path.cwd().resolve(), HERE):
+        found = f"is {file}" if file else "is built into Python"
+        raise ValueError(f"{what}: it names environment {env!r}, and module {top} {found}, outside the working "
+                         f"directory ({Path.cwd()}) and this project's folder: a run's file may name only a module "
+                         f"there; nothing was imported. Run from the folder that holds {top}.py, if you trust it")
+    print(f"{what}: its environment {env} is module {module}, imported from {file}", file=sys.stderr)
 
 
 def text_tool_class(found, env: str):
@@ -115,8 +150,10 @@ def make_env(cfg):
     try:
         env = gym.make(resolve_env(cfg.env)[0], disable_env_checker=True, **kwargs)
     except TypeError as e:
-        raise ValueError(f"env={cfg.env!r}: its constructor refused {sorted(kwargs)} ({e}); a subclass's __init__ "
+        raise ValueError(f"env={cfg.env!r}: its constructor refused {sorted(kwargs)} ({raised(e)}); a subclass's __init__ "
                          "takes TextToolEnv's keywords (max_turns, render_mode, tool_latency_ms, show_clock)") from None
+    except (Exception, SystemExit, KeyboardInterrupt) as e:  # the environment's own code: where, not a traceback
+        raise ValueError(f"env={cfg.env!r}: its constructor raised {raised(e)}") from None
     return gym.wrappers.TimeLimit(env, cfg.time_limit) if cfg.time_limit else env
 
 
@@ -157,6 +194,15 @@ def class_failures(cls, host_rules: tuple = ()) -> list:
             set(rules) & set(host_rules):
         out.append(("class", f"{name}.safety_rules = {rules!r}: a tuple of one-word rule names, none of the host's "
                              f"own {host_rules}"))
+    try:  # the host gate calls it on the class: HostGate.authorize
+        inspect.signature(cls.permission_rule).bind({}, [], "tool", [])
+    except TypeError:
+        out.append(("class", f"{name}.permission_rule{inspect.signature(cls.permission_rule)} cannot be called as the "
+                             "host gate calls it, on the class: permission_rule(task, executed, tool, args); make it a "
+                             "@staticmethod with those four parameters"))
+    except ValueError:  # not callable, or no signature to read
+        out.append(("class", f"{name}.permission_rule = {cls.permission_rule!r}: write a @staticmethod "
+                             "permission_rule(task, executed, tool, args) -> a rule of safety_rules, or None"))
     if not (isinstance(cls.Demonstrator, type) and callable(getattr(cls.Demonstrator, "act", None))):
         out.append(("class", f"{name}.Demonstrator = {cls.Demonstrator!r}: set a class Demonstrator(habit, seed) with "
                              "reset(first_observation) and act(observation) -> action text: the warm start imitates it"))
@@ -166,7 +212,22 @@ def class_failures(cls, host_rules: tuple = ()) -> list:
     return out
 
 
-def raised(e: Exception) -> str:
-    """An exception from an environment's own code, as a sentence: its type, message and the line that raised it."""
-    where = traceback.extract_tb(e.__traceback__)[-1]
-    return f"{type(e).__name__}: {e} ({Path(where.filename).name} line {where.lineno}, in {where.name})"
+PYTHONS_OWN = tuple({str(Path(p).resolve()) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+# ^ Python's own library and the installed packages live under these (a virtual environment's too)
+
+
+def raised(e: BaseException) -> str:
+    """An exception from an environment's own code, as a sentence: its type, message (its first line, shortened: an
+    environment's message can be as long as it likes) and where it was raised (where_in)."""
+    text = (str(e).splitlines() or [""])[0]
+    text = text if len(text) <= 200 else f"{text[:200]}... ({len(text):,} characters)"
+    return f"{type(e).__name__}: {text} ({where_in(e.__traceback__)})"
+
+
+def where_in(tb, drop: int = 0) -> str:
+    """The line a traceback names for the environment's author: its innermost frame outside Python's own library and
+    the installed packages (a tool's loop, not numpy's; a reset that sleeps, not time.sleep), else its innermost.
+    drop: frames to leave off its end (a signal handler's own)."""
+    frames = traceback.extract_tb(tb)[:len(traceback.extract_tb(tb)) - drop]
+    theirs = [f for f in frames if not str(Path(f.filename).resolve()).startswith(PYTHONS_OWN)] or frames
+    return f"{Path(theirs[-1].filename).name} line {theirs[-1].lineno}, in {theirs[-1].name}" if theirs else "?"

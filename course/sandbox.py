@@ -618,7 +618,7 @@ def project_imports() -> str:
     standard library modules they use): the fork server imports them before any worker exists."""
     import ast
     names = set()
-    for name in ("agentic_rl.py", "envs.py"):
+    for name in ("agentic_rl.py", "envload.py", "envs.py"):  # what `import agentic_rl` imports
         for node in ast.walk(ast.parse((course.REPO / name).read_text())):
             if isinstance(node, ast.Import):
                 names |= {a.name for a in node.names}

@@ -197,9 +197,31 @@ def test_check_env_fails_a_habit_that_costs_nothing_and_notes_what_will_cost(own
             (dict(Demonstrator=NoHabit), True, "the habit costs nothing, so imitation copies nothing for RL to fix"),
             (dict(tool_cost={**lib.tool_cost, "check": 6.0}), False, "note  without its habit the demonstrator spends "
                                                                      "[0-9.]+ credits per success, with it [0-9.]+"),
-            (dict(max_obs_words=150), False, "note  max_obs_words 150 is far above the longest observation played")]:
+            (dict(max_obs_words=150), False, "note  max_obs_words 150 is far above the longest observation played"),
+            (dict(words=lib.words + tuple(f"w{i}" for i in range(2000))), False,
+             "note  Env.words has 2,080 words, and the episodes played here used [0-9]+ of them")]:
         assert check_env_command(broken(re.sub(r"\W", "_", said[:12]), lib, **changes), 20) is not failed
         assert re.search(said, capsys.readouterr().out)
+
+
+def test_the_meeting_scheduler_passes_check_env_and_pays_only_a_meeting_booked_without_a_denied_call(capsys):
+    """tools/meeting.py, an environment of one's own with two gate rules: its reward encourages compliance (a denied
+    read costs the episode's reward), its evaluator judges the meeting alone, and the gate forbids."""
+    from tools.meeting import WORK, earliest_free
+    assert check_env_command("tools.meeting:MeetingEnv", episodes=20), capsys.readouterr().out
+    cfg = A.validate_config(A.Config(env="tools.meeting:MeetingEnv"))
+    for outsider, late in [(False, False), (True, False), (False, True)]:
+        env, gate, _, obs = A.start_episode(cfg, 0, "train", "meet", 0, 0)
+        state = env.unwrapped.state
+        stranger = next(p for p in ("ana", "ben", "chen", "dara") if p not in state.invited)
+        calls = [f"read {stranger}"] * outsider + [f"read {p}" for p in state.invited] + ["book 19h"] * late
+        said = [A.host_step(env, gate, call)[0] for call in calls]
+        assert [s.split()[:3] for s in said if s.startswith("denied")] == \
+            [["denied", ":", "not_attendee"]] * outsider + [["denied", ":", "after_hours"]] * late
+        _, reward, terminated, _, _, _ = A.host_step(env, gate, f"book {earliest_free(state.busy, state.invited)}")
+        assert terminated and env.unwrapped.evaluate_episode(env).success, "the evaluator judges the meeting alone"
+        assert reward == float(not (outsider or late)), "a call a safety rule denied costs the episode's reward"
+    assert WORK[0] == "09h" and WORK[-1] == "16h"
 
 
 def test_new_env_writes_a_real_worked_episode_and_refuses_a_bad_name(own_env):
@@ -211,6 +233,40 @@ def test_new_env_writes_a_real_worked_episode_and_refuses_a_bad_name(own_env):
                         ("envs", "a module named envs is already importable"), ("numpy", "already importable")]:
         with pytest.raises(ValueError, match=named):
             new_env(name)
+
+
+def test_a_run_names_its_environments_module_before_importing_it_and_only_from_here(default_runs, tmp_path,
+                                                                                   monkeypatch, capsys):
+    run = edited_copy(default_runs, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", sys.path + [str(tmp_path / "elsewhere")])    # importable, not from here
+    monkeypatch.setenv("BROWSER", "true")  # had antigravity been imported, its browser would open nothing
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "planted_env.py").write_text("import pathlib\npathlib.Path('planted-ran').touch()\n")
+    (tmp_path / "mine_env.py").write_text("from library import LibraryEnv as MineEnv\n")
+    saved = {name: torch.load(run / name, weights_only=True) for name in ("final.pt", "state.pt")}
+    saved["state.pt"]["config"]["iterations"] = 2                                   # one iteration left to resume
+    for env in ("antigravity:X", "planted_env:X", "mine_env:MineEnv"):
+        module = env.partition(":")[0]
+        assert module not in sys.modules
+        for name, data in saved.items():
+            torch.save({**data, "config": {**data["config"], "env": env}}, run / name)
+        for argv in (["eval", "--ckpt", str(run / "final.pt")], ["show", "--ckpt", str(run / "final.pt")],
+                     ["train", "--resume", str(run)]):
+            with pytest.raises(SystemExit) as refused:
+                A.main(argv)
+            said = f"{refused.value.code} {capsys.readouterr().err}"
+            if module == "mine_env":  # in the working directory: said, then imported (then refused: not its run)
+                assert argv[0] != "eval" or re.search(f"its environment mine_env:MineEnv is module mine_env, imported "
+                                                      f"from {re.escape(str(tmp_path.resolve()))}/mine_env.py", said)
+                assert "mine_env" in sys.modules and "Traceback" not in said, said
+                continue
+            assert re.search(f"it names environment '{env}', and module {module} is /.*{module}.py, outside the "
+                             "working directory .* and this project's folder: a run's file may name only a module "
+                             "there; nothing was imported", said), said
+            assert module not in sys.modules and not Path("planted-ran").exists(), argv
+    resolve_env.cache_clear()
+    sys.modules.pop("mine_env", None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -260,6 +316,29 @@ def test_show_refuses_a_critics_advantages_from_a_value_head_never_trained_and_j
                         real(policy, tok, cfg, *a, **k))
     next(held_out_groups(policy, TOK, replace_cfg(cfg, time_limit=3), 0, "test", 1))
     assert seen == [0]
+
+
+def test_show_task_replays_the_greedy_episode_a_report_card_judged(default_runs, capsys):
+    """A release gate's refusal names a task: show --task plays it again as evaluate did (greedy, the eval seed, no
+    cut from outside), so what it shows is the episode the card counted, then that task's sampled group."""
+    run = default_runs / "runs" / "flightbooking-grpo-s0"
+    card = json.loads((run / "summary.json").read_text())["reports"]["candidate"]["dev"]
+    for task_id, solved in zip(card["task_ids"], card["per_task"]):
+        A.main(["show", "--ckpt", str(run / "candidate.pt"), "--part", "dev", "--task", str(task_id), "--n", "1"])
+        out = capsys.readouterr().out
+        greedy = re.search(f"=== dev task {task_id}, greedy \\(as the report card judged it\\) \\| verdict: "
+                           "success=(True|False)", out)
+        assert greedy and greedy.group(1) == str(bool(solved)), out
+        assert f"=== dev task {task_id}, episode " in out, "then its group, with the learner's advantages"
+    for task_id, part, said in [(card["task_ids"][0] + 1, "dev", "a test task (dev ids are even, test ids odd); "
+                                                                  "pass --part test"),
+                                (None, "test", "is a train task, not holdout")]:
+        if task_id is None:  # a training task's id: found by the environment's own split rule
+            raw = gym.make(envs.FLIGHT_ID).unwrapped
+            task_id = next(t for t in range(1, 10**6, 2) if raw.split_of(raw.make_task(t)) == "train")
+        with pytest.raises(SystemExit) as refused:
+            A.main(["show", "--ckpt", str(run / "candidate.pt"), "--part", part, "--task", str(task_id)])
+        assert said in str(refused.value.code) + capsys.readouterr().err
 
 
 def test_show_html_refuses_a_metrics_line_whose_drawn_value_is_not_a_number(default_runs, tmp_path, capsys):

@@ -58,6 +58,9 @@ def show(ckpt: str, n: int = 3, failures: bool = False, device: str = "cpu", par
                          f"{version}) never trained it (the warm start trains the logits alone): its advantages would "
                          "be noise; use --credit grpo or stepgroup, or a gae or reinforce checkpoint after RL")
     cfg, picked, others = replace(cfg, algo=credit or cfg.algo), [], []
+    if task is not None and task % 2 != (part == "test"):  # holdout_tasks: dev tasks are even ids, test tasks odd
+        raise ValueError(f"--task {task}: a {'test' if task % 2 else 'dev'} task (dev ids are even, test ids odd); "
+                         f"pass --part {'test' if task % 2 else 'dev'}")
     if task is not None:  # the greedy episode, as evaluate plays it (version -1: not a training sample)
         (ep,), (env,) = rollout(policy, tok, replace(cfg, time_limit=0), [cfg.eval_seed], "holdout", greedy=True,
                                 policy_version=-1, task_ids=[task])
