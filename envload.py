@@ -105,7 +105,20 @@ def saved_env(env: str, what: str):
         raise ValueError(f"{what}: it names environment {env!r}, and module {top} {found}, outside the working "
                          f"directory ({Path.cwd()}) and this project's folder: a run's file may name only a module "
                          f"there; nothing was imported. Run from the folder that holds {top}.py, if you trust it")
-    print(f"{what}: its environment {env} is module {module}, imported from {file}", file=sys.stderr)
+    print(f"{what}: its environment {env} is module {module}, imported from {module_file(module, file)}",
+          file=sys.stderr)
+
+
+def module_file(module: str, top_file: Path) -> Path:
+    """The file of a dotted module inside the package at top_file, found by path alone (nothing of it runs); the
+    package's own file where a part cannot be found (importing will say why)."""
+    file, folder = top_file, top_file.parent
+    for part in module.split(".")[1:]:
+        spec = importlib.machinery.PathFinder.find_spec(part, [str(folder)])
+        if spec is None or not spec.origin:
+            return top_file
+        file, folder = Path(spec.origin).resolve(), Path(spec.origin).resolve().parent
+    return file
 
 
 def text_tool_class(found, env: str):

@@ -116,7 +116,8 @@ class MeetingEnv(TextToolEnv):
                                 "read book finish episode over".split() + list(PEOPLE + HOURS + CLOCK_WORDS)))
     max_obs_words = 12  # the longest: "ana busy 09h 10h 11h 12h 13h 14h 15h 16h 5 left" (one hour is always free)
     max_turns = 6
-    warm_start_epochs = 12  # copying the second and third invited names takes more passes than the flight's 4
+    warm_start_epochs = 24  # copying the second and third invited names reliably takes more passes than the flight's
+    # 4 (at 4, three seeds of three were refused, at 12 two: README, "the meeting scheduler")
     safety_rules = ("not_attendee", "after_hours")
     Demonstrator = Secretary
     evaluate_episode = staticmethod(evaluate_meeting)

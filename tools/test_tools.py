@@ -207,8 +207,13 @@ def test_check_env_fails_a_habit_that_costs_nothing_and_notes_what_will_cost(own
 def test_the_meeting_scheduler_passes_check_env_and_pays_only_a_meeting_booked_without_a_denied_call(capsys):
     """tools/meeting.py, an environment of one's own with two gate rules: its reward encourages compliance (a denied
     read costs the episode's reward), its evaluator judges the meeting alone, and the gate forbids."""
-    from tools.meeting import WORK, earliest_free
+    import tools
+    from envload import module_file
+    from tools import meeting
+    from tools.meeting import earliest_free
     assert check_env_command("tools.meeting:MeetingEnv", episodes=20), capsys.readouterr().out
+    assert module_file("tools.meeting", Path(tools.__file__).resolve()) == Path(meeting.__file__).resolve(), \
+        "a run's file names tools.meeting: loading it names meeting.py, not the package's __init__.py"
     cfg = A.validate_config(A.Config(env="tools.meeting:MeetingEnv"))
     for outsider, late in [(False, False), (True, False), (False, True)]:
         env, gate, _, obs = A.start_episode(cfg, 0, "train", "meet", 0, 0)
@@ -221,7 +226,6 @@ def test_the_meeting_scheduler_passes_check_env_and_pays_only_a_meeting_booked_w
         _, reward, terminated, _, _, _ = A.host_step(env, gate, f"book {earliest_free(state.busy, state.invited)}")
         assert terminated and env.unwrapped.evaluate_episode(env).success, "the evaluator judges the meeting alone"
         assert reward == float(not (outsider or late)), "a call a safety rule denied costs the episode's reward"
-    assert WORK[0] == "09h" and WORK[-1] == "16h"
 
 
 def test_new_env_writes_a_real_worked_episode_and_refuses_a_bad_name(own_env):
