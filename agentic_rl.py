@@ -75,8 +75,8 @@ from envload import ENV_FLAGS, class_failures, env_class, env_keywords, env_sett
 # An estimate for a person, not a measurement: a graduate student who knows PPO takes about 2 h 30 to 3 h for the
 # first reading and 4 h 30 to 5 h 30 for all of Part I; the time goes to 03's credits, 05's learner and store, and
 # 01's contract. Outside Part I, a first reading needs these few (each is also said in a line where it is used):
-#   envs.py line 524     FlightBookingEnv.permission_rule: the flight task's safety rules, which the host gate asks
-#   envs.py line 448     FlightDemonstrator.act: the teacher the warm start imitates, its bad habit included
+#   envs.py line 526     FlightBookingEnv.permission_rule: the flight task's safety rules, which the host gate asks
+#   envs.py line 450     FlightDemonstrator.act: the teacher the warm start imitates, its bad habit included
 #   envload.py           env_class(cfg.env): the TextToolEnv class --env names; make_env(cfg): an instance of it
 #   Part II              rollout: play_episode for B tasks at once (collect and evaluate call it); Run: train's state
 #

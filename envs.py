@@ -144,7 +144,9 @@ class TextToolEnv(gym.Env):
 
     What the base provides: reset(seed, options={"split", "task_id"}) -> (observation, info with task_id,
     env_version, reward_version, split, task = host_view, max_turns, budget); step(action) -> the Gymnasium 5-tuple,
-    info with a tool receipt, cost, invalid and process_reward; refuse(rule), how a host's denial spends a turn.
+    info with a tool receipt, cost, invalid and process_reward; refuse(rule), how a host's denial spends a turn
+    (a subclass may also count it for its reward(), which may encourage compliance: tools/meeting.py pays nothing
+    after a denied call; the gate is what forbids).
     The clock is part of the task: every observation ends with the turns left ("... 5 left"), and running out
     of turns is `truncated` (the turn_budget cut: nothing is paid after it, so a learner gives it no value
     beyond its end; Gymnasium's "Handling Time Limits", Pardo et al. 2018). `terminated` is an end state. A
