@@ -76,6 +76,7 @@ def check_contract(cfg: Config, episodes: int, fresh: bool = True) -> tuple:
                 check_fresh(cfg.env, started, hash_seed, fail)
     except Stop as e:
         fail(e.rule, e.text)
+        facts["stopped"] = e.rule  # the rules after it were not (all) played
     finally:
         for each in started:
             stop_fresh(each)
@@ -377,7 +378,9 @@ def check_env_command(env: str, episodes: int = 200) -> bool:
     if cfg:
         more, facts = check_contract(cfg, episodes)
         failures.update(more)
+    checked = {"class"} | (set(CONTRACT) if cfg and not facts.get("stopped") else set())  # what ran to its end
     if cfg and not failures.keys() & {"calls", "steps", "clock"}:  # gymnasium's would meet those again
+        checked.add("gymnasium")
         with warnings.catch_warnings(record=True) as caught, call_limits(envcalls.CALL_LIMIT_S):
             warnings.simplefilter("always")
             try:
@@ -416,8 +419,11 @@ def check_env_command(env: str, episodes: int = 200) -> bool:
         notes.append(f"an episode played here has {facts['tokens']} tokens, more than the default block_size "
                      f"{Config.block_size}: train with --block-size {facts['tokens']} or more")
     for rule, holds in {"gymnasium": "gymnasium's check_env", **CONTRACT}.items():
-        for text in failures.get(rule, []) or [None]:
+        for text in failures.get(rule, []) or ([None] if rule in checked else []):  # one never reached: not "ok"
             print(f"  {'FAIL' if text else 'ok  '}  {text or holds}")
+    unreached = [rule for rule in ("gymnasium", *CONTRACT) if rule not in checked and rule not in failures]
+    if unreached:
+        print(f"  --    not checked, the check stopped at its failure: {', '.join(unreached)}")
     for note in notes:
         print(f"  note  {note}")
     if off and on:
