@@ -91,33 +91,39 @@ def saved_env(env: str, what: str):
     if not module or module in sys.modules or not all(part.isidentifier() for part in module.split(".")):
         return  # a registered id, a module already imported, or a name resolve_env refuses without importing
     top = module.split(".")[0]
-    if top in sys.modules:
-        origin = getattr(sys.modules[top], "__file__", None)
-    else:  # found as `import` would find it (the working directory last), without running it
-        spec = importlib.util.find_spec(top) or importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
-        if spec is None:
-            return  # nowhere to be found: resolve_env says so, and says where to run from
-        origin = spec.origin
-    file = Path(origin).resolve() if origin and origin not in ("built-in", "frozen") else None
-    folder = file and (file.parent.parent if file.name == "__init__.py" else file.parent)
-    if folder not in (Path.cwd().resolve(), HERE):
+    spec = getattr(sys.modules[top], "__spec__", None) if top in sys.modules else \
+        importlib.util.find_spec(top) or importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
+    if spec is None and top not in sys.modules:
+        return  # nowhere to be found: resolve_env says so, and says where to run from (found as `import` would,
+        # the working directory last, without running it)
+    file, inside = located(spec) if spec else (None, None)
+    if (inside or file) is None or (inside or file).parent not in (Path.cwd().resolve(), HERE):
         found = f"is {file}" if file else "is built into Python"
         raise ValueError(f"{what}: it names environment {env!r}, and module {top} {found}, outside the working "
                          f"directory ({Path.cwd()}) and this project's folder: a run's file may name only a module "
                          f"there; nothing was imported. Run from the folder that holds {top}.py, if you trust it")
-    print(f"{what}: its environment {env} is module {module}, imported from {module_file(module, file)}",
+    print(f"{what}: its environment {env} is module {module}, imported from {module_file(module, spec)}",
           file=sys.stderr)
 
 
-def module_file(module: str, top_file: Path) -> Path:
-    """The file of a dotted module inside the package at top_file, found by path alone (nothing of it runs); the
-    package's own file where a part cannot be found (importing will say why)."""
-    file, folder = top_file, top_file.parent
+def located(spec) -> tuple:
+    """(the file a module spec names, the folder of its submodules): a module's .py and None; a package's __init__.py
+    and its folder; a folder without __init__.py (a namespace package) twice; (None, None) if built into Python."""
+    folders = [Path(f).resolve() for f in (spec.submodule_search_locations or [])]
+    if spec.origin and spec.origin not in ("built-in", "frozen"):
+        return Path(spec.origin).resolve(), (folders[0] if folders else None)
+    return (folders[0], folders[0]) if folders else (None, None)
+
+
+def module_file(module: str, top_spec) -> Path:
+    """The file of a dotted module inside the top-level package top_spec names, found by path alone (nothing of it
+    runs); the deepest package's own file where a part cannot be found (importing will say why)."""
+    file, folder = located(top_spec)
     for part in module.split(".")[1:]:
-        spec = importlib.machinery.PathFinder.find_spec(part, [str(folder)])
-        if spec is None or not spec.origin:
-            return top_file
-        file, folder = Path(spec.origin).resolve(), Path(spec.origin).resolve().parent
+        spec = importlib.machinery.PathFinder.find_spec(part, [str(folder)]) if folder else None
+        if spec is None:
+            return file
+        file, folder = located(spec)
     return file
 
 

@@ -114,7 +114,7 @@ class MeetingEnv(TextToolEnv):
     tool_cost = {"read": 0.5, "book": 2.0, "finish": 0.0}
     words = tuple(dict.fromkeys("user : meet busy booked for finished without booking error unknown action . use "
                                 "read book finish episode over".split() + list(PEOPLE + HOURS + CLOCK_WORDS)))
-    max_obs_words = 12  # the longest: "ana busy 09h 10h 11h 12h 13h 14h 15h 16h 5 left" (one hour is always free)
+    max_obs_words = 12  # the longest: "ana busy 09h 10h 11h 12h 13h 14h 5 left", 11 words (one hour is always free)
     max_turns = 6
     warm_start_epochs = 24  # copying the second and third invited names reliably takes more passes than the flight's
     # 4 (at 4, three seeds of three were refused, at 12 two: README, "the meeting scheduler")

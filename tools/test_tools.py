@@ -212,7 +212,7 @@ def test_the_meeting_scheduler_passes_check_env_and_pays_only_a_meeting_booked_w
     from tools import meeting
     from tools.meeting import earliest_free
     assert check_env_command("tools.meeting:MeetingEnv", episodes=20), capsys.readouterr().out
-    assert module_file("tools.meeting", Path(tools.__file__).resolve()) == Path(meeting.__file__).resolve(), \
+    assert module_file("tools.meeting", tools.__spec__) == Path(meeting.__file__).resolve(), \
         "a run's file names tools.meeting: loading it names meeting.py, not the package's __init__.py"
     cfg = A.validate_config(A.Config(env="tools.meeting:MeetingEnv"))
     for outsider, late in [(False, False), (True, False), (False, True)]:
@@ -248,9 +248,11 @@ def test_a_run_names_its_environments_module_before_importing_it_and_only_from_h
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "planted_env.py").write_text("import pathlib\npathlib.Path('planted-ran').touch()\n")
     (tmp_path / "mine_env.py").write_text("from library import LibraryEnv as MineEnv\n")
+    (tmp_path / "nspkg").mkdir()                                   # a folder without __init__.py: a namespace package
+    (tmp_path / "nspkg" / "mine.py").write_text("from library import LibraryEnv as MineEnv\n")
     saved = {name: torch.load(run / name, weights_only=True) for name in ("final.pt", "state.pt")}
     saved["state.pt"]["config"]["iterations"] = 2                                   # one iteration left to resume
-    for env in ("antigravity:X", "planted_env:X", "mine_env:MineEnv"):
+    for env in ("antigravity:X", "planted_env:X", "mine_env:MineEnv", "nspkg.mine:MineEnv"):
         module = env.partition(":")[0]
         assert module not in sys.modules
         for name, data in saved.items():
@@ -260,17 +262,19 @@ def test_a_run_names_its_environments_module_before_importing_it_and_only_from_h
             with pytest.raises(SystemExit) as refused:
                 A.main(argv)
             said = f"{refused.value.code} {capsys.readouterr().err}"
-            if module == "mine_env":  # in the working directory: said, then imported (then refused: not its run)
-                assert argv[0] != "eval" or re.search(f"its environment mine_env:MineEnv is module mine_env, imported "
-                                                      f"from {re.escape(str(tmp_path.resolve()))}/mine_env.py", said)
-                assert "mine_env" in sys.modules and "Traceback" not in said, said
+            if module in ("mine_env", "nspkg.mine"):  # in the working directory: said, then imported (then refused:
+                file = module.replace(".", "/") + ".py"  # not its run)
+                assert argv[0] != "eval" or re.search(f"its environment {env} is module {module}, imported from "
+                                                      f"{re.escape(str(tmp_path.resolve()))}/{file}", said), said
+                assert module in sys.modules and "Traceback" not in said, said
                 continue
             assert re.search(f"it names environment '{env}', and module {module} is /.*{module}.py, outside the "
                              "working directory .* and this project's folder: a run's file may name only a module "
                              "there; nothing was imported", said), said
             assert module not in sys.modules and not Path("planted-ran").exists(), argv
     resolve_env.cache_clear()
-    sys.modules.pop("mine_env", None)
+    for module in ("mine_env", "nspkg.mine", "nspkg"):
+        sys.modules.pop(module, None)
 
 
 # ------------------------------------------------------------------------------------------------
