@@ -2057,8 +2057,10 @@ def main(argv=None):
         if args.command == "eval":
             policy, tok, cfg, version = load_checkpoint(args.ckpt, resolve_device(args.device))
             cfg = validate_config(replace(cfg, **{name: getattr(args, name) for name in eval_flags}))
-        elif args.command in ("demo", "train"):
-            cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config)}))
+        elif args.command in ("demo", "train"):  # importing the environment and making one, under a time limit
+            from tools.envcalls import within_limit
+            cfg = within_limit("importing or making the environment", validate_config,
+                               Config(**{f.name: getattr(args, f.name) for f in fields(Config)}))
         elif hasattr(tool, "prepare"):
             ready = tool.prepare(args.command, args)  # a tool's own checks of its flags, if it has any
     except ValueError as e:

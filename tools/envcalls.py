@@ -1,5 +1,6 @@
-"""Calling an environment's own code from check-env and from train's require_contract (tools/envcheck.py): each call
-under a time limit, and the demonstrator's first episodes played again in a fresh process.
+"""Calling an environment's own code from check-env and from train's require_contract (tools/envcheck.py), and the
+command line's import of it (within_limit): each call under a time limit, and the demonstrator's first episodes
+played again in a fresh process.
 
 Why a limit per call, by a signal: a tool that loops or sleeps, or a reset that never returns, must end the check
 with a sentence, not hang it. SIGALRM interrupts a Python loop or a sleep where it is, in this process, at the cost of
@@ -88,6 +89,16 @@ def limited(what: str, fn, *args, **kwargs):
     except (SystemExit, KeyboardInterrupt) as e:
         raise Stop("calls", f"{what} raised {raised(e)}: an environment never ends the process; answer the call "
                             "(or raise an ordinary exception, which the check reports)") from None
+
+
+def within_limit(what: str, fn, *args):
+    """fn(*args) under CALL_LIMIT_S, a Stop said as a ValueError: for the command line, which imports the environment's
+    module and makes one instance (validate_config) before any check of the contract runs."""
+    with call_limits(CALL_LIMIT_S):
+        try:
+            return limited(what, fn, *args)
+        except Stop as e:
+            raise ValueError(e.text) from None
 
 
 # --- The demonstrator's first episodes, as a fresh process plays them -------------------------------------------

@@ -360,7 +360,7 @@ def check_env_command(env: str, episodes: int = 200) -> bool:
     release gates. One line per rule, each failure a sentence naming the environment, the value and the fix; notes
     for what is allowed but will cost you. Returns whether every rule held."""
     from gymnasium.utils.env_checker import check_env
-    cls = env_class(env)
+    cls = envcalls.within_limit(f"importing {env}", env_class, env)
     print(f"check-env {env}: {cls.__module__}.{cls.__name__} ({cls.env_version or '?'} / {cls.reward_version or '?'})")
     failures, facts, notes = {}, {}, []
     for rule, text in class_failures(cls):

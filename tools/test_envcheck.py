@@ -42,6 +42,11 @@ class InterruptedTool(LibraryEnv):
         raise KeyboardInterrupt
 
 
+class SleepingInit(LibraryEnv):
+    def __init__(self, **kwargs):
+        time.sleep(60)
+
+
 class RaisingInit(LibraryEnv):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -95,6 +100,8 @@ CASES = {  # class -> (its sentence, whether train refuses it before the contrac
     "ExitingTool": (r"the call 'check s\d' raised SystemExit: 0 \(brk.py line \d+, in _tool_check\): an environment "
                     "never ends the process", False),
     "InterruptedTool": (r"the call 'check s\d' raised KeyboardInterrupt: +\(brk.py line \d+, in _tool_check\)", False),
+    "SleepingInit": (r"did not return within 0.5 s, the limit on one call into the environment \(stopped at brk.py "
+                     r"line \d+, in __init__\)", True),
     "RaisingInit": (r"its constructor raised RuntimeError: no catalogue \(brk.py line \d+, in __init__\)", True),
     "RaisingEvaluator": (r"evaluate_episode raised KeyError: 'verdict' \(brk.py line \d+, in <lambda>\)", False),
     "SharedState": (r"seed \d's episode, played here after the whole check, differs from a fresh process's: task "
@@ -112,8 +119,8 @@ CASES = {  # class -> (its sentence, whether train refuses it before the contrac
 }
 
 
-STOPPED = {"LoopingTool", "SleepingReset", "ExitingTool", "InterruptedTool", "RaisingInit", "HugeObservation",
-           "NotStatic"}  # the check cannot go on after these: the rules after them are listed as not checked
+STOPPED = {"LoopingTool", "SleepingReset", "ExitingTool", "InterruptedTool", "SleepingInit", "RaisingInit",
+           "HugeObservation", "NotStatic"}  # the check cannot go on after these: the rules after them are listed as not checked
 
 
 def test_check_env_and_train_end_each_broken_environment_within_the_limit_with_its_sentence(own_env, monkeypatch,
@@ -137,6 +144,20 @@ def test_check_env_and_train_end_each_broken_environment_within_the_limit_with_i
         assert re.search(said, f"{refused.value.code} {err}") and "Traceback" not in out + err, f"train {name}: {err}"
         assert not Path(run_dir).exists(), f"{name}: refused before its run directory was made"
         assert time.monotonic() - began < LIMIT_S + 10, f"train {name}: within its limit (and a fresh process)"
+
+
+def test_a_module_whose_import_never_ends_stops_check_env_and_train_within_the_limit(own_env, monkeypatch, capsys):
+    monkeypatch.setattr(envcalls, "CALL_LIMIT_S", LIMIT_S)
+    Path("hang.py").write_text("import time\n\ntime.sleep(60)\nfrom library import LibraryEnv as HangEnv\n")
+    said = r"did not return within 0.5 s, the limit on one call into the environment \(stopped at hang.py line 3, in "
+    for argv, code in [(["check-env", "hang:HangEnv"], 1), (["train", "--env", "hang:HangEnv", "--run-dir", "runs/h"], 2)]:
+        began = time.monotonic()
+        with pytest.raises(SystemExit) as ended:
+            A.main(argv)
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 if code == 2 else str(ended.value.code).startswith("agentic_rl.py check-env: error: ")
+        assert re.search(said, f"{ended.value.code} {err}"), err       # exit 1: sys.exit with the sentence
+        assert "Traceback" not in err and time.monotonic() - began < LIMIT_S + 5 and not Path("runs/h").exists()
 
 
 def test_a_limit_ends_a_call_wherever_it_hangs_and_restores_the_alarm(monkeypatch):
