@@ -91,13 +91,15 @@ def saved_env(env: str, what: str):
     if not module or module in sys.modules or not all(part.isidentifier() for part in module.split(".")):
         return  # a registered id, a module already imported, or a name resolve_env refuses without importing
     top = module.split(".")[0]
-    spec = getattr(sys.modules[top], "__spec__", None) if top in sys.modules else \
-        importlib.util.find_spec(top) or importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
-    if spec is None and top not in sys.modules:
-        return  # nowhere to be found: resolve_env says so, and says where to run from (found as `import` would,
-        # the working directory last, without running it)
+    if top in sys.modules:
+        spec = getattr(sys.modules[top], "__spec__", None)
+    else:  # found as `import` would find it (the working directory last), without running it
+        spec = importlib.util.find_spec(top) or importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
+        if spec is None:
+            return  # nowhere to be found: resolve_env says so, and says where to run from
     file, inside = located(spec) if spec else (None, None)
-    if (inside or file) is None or (inside or file).parent not in (Path.cwd().resolve(), HERE):
+    where = inside or file  # a package's folder, or a module's file: what sits in an allowed folder
+    if where is None or where.parent not in (Path.cwd().resolve(), HERE):
         found = f"is {file}" if file else "is built into Python"
         raise ValueError(f"{what}: it names environment {env!r}, and module {top} {found}, outside the working "
                          f"directory ({Path.cwd()}) and this project's folder: a run's file may name only a module "
