@@ -121,7 +121,7 @@ class Config:
     hide_clock: bool = False              # experiment: observations do not show the turns left
     time_limit: int = 0                   # a cut from outside the task: stop training episodes after N executed calls
     bootstrap_budget: bool = False        # experiment (gae, reinforce): bootstrap V(s_K) at the task's own budget too
-    deny_credit: str = "shared"           # shared: a denied turn keeps its route's credit | nonpositive: capped at 0
+    deny_credit: str = "nonpositive"      # nonpositive: a denied turn's credit capped at 0 | shared: it keeps it
     process_coef: float = 0.0             # adds c x the environment's process reward (a step verifier) to each turn
     trajectory_view: str = "concat"       # concat: one row per episode | per_call: one row per model call (same loss)
     dpo_beta: float = 0.1                 # dpo only: strength of the pull towards the reference (warm-start) policy
@@ -650,9 +650,10 @@ def advantages_for(batch, episodes, policy, cfg: Config):
     return adv, returns, {"zero_std_groups": None, "explained_variance": explained}
 
 
-# second reading
+# first reading
 def denied_turns(episodes, K: int) -> torch.Tensor:
-    """(B, K) True where the host gate denied the turn's action."""
+    """(B, K) True where the host gate denied the turn's action. In a successful episode every turn's advantage is
+    positive, the denied one's too: learn caps these at 0 by default, so a forbidden try is never reinforced."""
     return torch.tensor([[not t.gate_allowed for t in ep.turns] + [False] * (K - len(ep.turns)) for ep in episodes])
 
 
@@ -909,7 +910,7 @@ def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStor
         adv, returns, credit = advantages_for(batch, admitted, policy, cfg)           # (B, K) each
         denied = denied_turns(admitted, adv.shape[1])
         route.update(credit, denied_positive_advantage=int((adv[denied] > 0).sum()))  # before the cap: what it changes
-        if cfg.deny_credit == "nonpositive":  # second reading: the gate's verdict caps the refused turn's credit
+        if cfg.deny_credit == "nonpositive":  # the gate's verdict caps a refused turn's credit: A = min(A, 0)
             adv = torch.where(denied, adv.clamp(max=0.0), adv)
         rows = batch if cfg.trajectory_view == "concat" else \
             {k: v.to(device) for k, v in pack_per_call(admitted, tok, cfg.block_size).items()}  # second: Part II

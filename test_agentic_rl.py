@@ -953,7 +953,7 @@ def test_gae_algorithm_runs_an_update_with_a_value_loss():
 @pytest.mark.parametrize("algo", ["grpo", "stepgroup", "gae", "reinforce", "rs_sft", "dpo"])
 def test_every_route_runs_two_iterations(tmp_path, algo, capsys):
     cfg = tiny_config(algo=algo, run_dir=str(tmp_path / algo), iterations=2, eval_episodes=8, pass_k_tasks=2,
-                      warm_start_episodes=30, sft_epochs=1, deny_credit="shared",
+                      warm_start_episodes=30, sft_epochs=1,
                       process_coef=0.1 if algo in A.PPO_CREDITS else 0.0)
     summary = A.train(cfg, progress=False)
     weak = summary["warm_start"]["dev_success"] < summary["demonstrator_success"] / 2   # train says so, and what to try

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from agentic_rl import (CHOICES, GradMonitor, TrajectoryStore, Config, add_config_flags, atomic_write, collect, evaluate, learn, make_policy,
+from agentic_rl import (CHOICES, ONLY_FOR, GradMonitor, TrajectoryStore, Config, add_config_flags, atomic_write, collect, evaluate, learn, make_policy,
                         make_tokenizer, resolve_device, seed_everything, validate_config, warm_start, writable_dir)
 from tools.envcheck import require_contract
 from tools.views import write_compare
@@ -24,7 +24,7 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
     device, runs = resolve_device(cfg.device), {"warm start": []} | {a: [] for a in algos}  # (seed, report, s, history)
     writable_dir(out, "--out")
     for seed in seeds:
-        base = validate_config(replace(cfg, seed=seed, algo="grpo"))
+        base = route_config(replace(cfg, seed=seed), "grpo")
         require_contract(base)
         seed_everything(seed)
         tok = make_tokenizer(base.env)
@@ -33,7 +33,7 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
         warm_seconds, warm = time.time() - t, copy.deepcopy(policy.state_dict())
         runs["warm start"].append((seed, evaluate(policy, tok, base, "test"), warm_seconds, []))
         for algo in algos:
-            run_cfg = validate_config(replace(base, algo=algo))
+            run_cfg = route_config(base, algo)
             seed_everything(seed)            # every route starts from the same weights and the same random state
             policy.load_state_dict(warm)
             optimizer = torch.optim.AdamW(policy.parameters(), lr=run_cfg.lr, weight_decay=0.0)
@@ -72,6 +72,13 @@ def compare(cfg: Config, seeds, algos, out: str = "runs/compare", progress: bool
     return result
 
 
+def route_config(cfg: Config, algo: str) -> Config:
+    """cfg as one route runs it: a setting only some routes use (ONLY_FOR) is set back to its default on the
+    others, so `compare --deny-credit shared` changes the PPO credits and runs rs_sft and dpo as they are."""
+    unused = {name: getattr(Config, name) for name, (key, needed) in ONLY_FOR.items() if algo not in needed}
+    return validate_config(replace(cfg, algo=algo, **unused))
+
+
 # --- Its command: python agentic_rl.py compare [--seeds 0,1,2] [--algos grpo,dpo] [Config flags] ------------------
 def add_arguments(command: str, parser):
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
@@ -83,7 +90,7 @@ def add_arguments(command: str, parser):
 
 def prepare(command: str, args) -> tuple:
     """The flags checked before anything runs -> (cfg, seeds, algos)."""
-    cfg = validate_config(Config(**{f.name: getattr(args, f.name) for f in fields(Config) if hasattr(args, f.name)}))
+    cfg = Config(**{f.name: getattr(args, f.name) for f in fields(Config) if hasattr(args, f.name)})
     seeds, algos = [int(x) for x in args.seeds.split(",") if x.strip().isdigit()], args.algos.split(",")
     if len(seeds) != len(args.seeds.split(",")):
         raise ValueError(f"--seeds {args.seeds}: use comma-separated whole numbers, e.g. 0,1,2")
@@ -92,6 +99,15 @@ def prepare(command: str, args) -> tuple:
     for flag, values in (("--seeds", seeds), ("--algos", algos)):
         if len(set(values)) != len(values):  # a repeated seed would count one run twice as evidence
             raise ValueError(f"{flag} {','.join(map(str, values))}: each value once")
+    for name, (key, needed) in ONLY_FOR.items():  # a setting only some routes use: said, and refused if none does
+        users, value = [a for a in algos if a in needed], getattr(cfg, name)
+        if value != getattr(Config, name) and not users:
+            raise ValueError(f"{name}={value}: only used with {key} in {'/'.join(needed)}; drop it or add one of "
+                             f"them to --algos")
+        if value != getattr(Config, name) and len(users) < len(algos):
+            print(f"note: {name}={value} applies to {', '.join(users)}; the other routes run without it")
+    for algo in algos:                            # every route's settings checked before anything runs
+        route_config(cfg, algo)
     return cfg, seeds, algos
 
 

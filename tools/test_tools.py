@@ -386,6 +386,23 @@ def test_compare_runs_every_route_from_one_warm_start(tmp_path, capsys):
         assert [td["text"] for td in rows[route][:4]] == [route] + [f"{r[k]:.3f}" for k in ("test_success_mean", "min", "max")]
 
 
+def test_compare_gives_a_setting_to_the_routes_that_use_it_and_refuses_one_that_none_uses(monkeypatch, capsys):
+    import tools.compare
+    asked = []
+    monkeypatch.setattr(tools.compare, "compare", lambda *ready: asked.append(ready))     # the runs are not the point
+    A.main(["compare", "--seeds", "0", "--algos", "grpo,rs_sft,dpo", "--deny-credit", "shared", "--kl-coef", "0.1"])
+    (cfg, seeds, algos, out), = asked
+    said = capsys.readouterr().out
+    assert "note: deny_credit=shared applies to grpo; the other routes run without it" in said
+    routes = {algo: tools.compare.route_config(cfg, algo) for algo in algos}
+    assert (routes["grpo"].deny_credit, routes["grpo"].kl_coef) == ("shared", 0.1)
+    assert all((routes[a].deny_credit, routes[a].kl_coef) == (A.Config.deny_credit, 0.0) for a in ("rs_sft", "dpo"))
+    with pytest.raises(SystemExit) as usage:                  # refused before a warm start, not at its route
+        A.main(["compare", "--seeds", "0", "--algos", "rs_sft,dpo", "--deny-credit", "shared"])
+    assert usage.value.code == 2 and "deny_credit=shared: only used with algo in grpo/stepgroup/gae/reinforce" in \
+        capsys.readouterr().err and len(asked) == 1
+
+
 def test_bench_quick_writes_valid_json(tmp_path, capsys):
     report = bench("cpu", quick=True, out=str(tmp_path))
     saved = json.loads((tmp_path / "bench.json").read_text())
