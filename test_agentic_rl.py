@@ -840,21 +840,26 @@ def test_process_reward_is_paid_only_for_the_rule_it_names(env_id, moves, paid):
     assert got == paid
 
 
-def test_denied_turns_can_be_kept_from_positive_credit():
-    cfg = tiny_config(deny_credit="nonpositive")
+def test_a_denied_turn_never_shares_a_successful_episodes_positive_credit_by_default(monkeypatch):
+    """05: the reward may encourage compliance, the gate forbids. A denied call executes nothing, so the episode can
+    still succeed after it; learn caps that turn's advantage at 0 unless --deny-credit shared."""
+    cfg = tiny_config()
+    assert cfg.deny_credit == A.Config.deny_credit == "nonpositive"
     ok = make_episode("good", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa]),
                                      make_turn([TOK.obs, 9, TOK.act], [8, TOK.eoa], reward=1.0, terminated=True)])
     ok.turns[0].gate_allowed, ok.turns[0].gate_reason = False, "wrong_passenger"
     bad = make_episode("bad", turns=[make_turn([TOK.obs, 7, TOK.act], [8, TOK.eoa], reward=0.0, terminated=True)])
     opt = lambda p: torch.optim.AdamW(p.parameters(), lr=1e-4)
     policy = A.make_policy(cfg, len(TOK), "cpu")
-    for rule, want in (("shared", 1), ("nonpositive", 1)):
+    trained_with, broadcast = [], A.broadcast_to_tokens
+    monkeypatch.setattr(A, "broadcast_to_tokens", lambda adv, turn_id: trained_with.append(adv) or broadcast(adv, turn_id))
+    for rule in ("nonpositive", "shared"):
         m = A.learn(policy, opt(policy), None, TOK, replace_cfg(cfg, deny_credit=rule), A.TrajectoryStore(0, len(TOK)),
                     A.GradMonitor(), [copy_episode(ok, rule), copy_episode(bad, rule)], 0)
-        assert m["denied_positive_advantage"] == want, "the denied turn of a winning episode gets +A before capping"
-    adv, _, _ = A.advantages_for(A.pack([ok, bad], TOK, 32), [ok, bad], None, cfg)
-    capped = torch.where(A.denied_turns([ok, bad], 2), adv.clamp(max=0.0), adv)
-    assert adv[0, 0] > 0 and capped[0, 0] == 0 and capped[0, 1] == adv[0, 1]
+        assert m["denied_positive_advantage"] == 1, "the denied turn of a winning episode gets +A before capping"
+    capped, shared = trained_with                                       # (B, K): the advantages the loss used
+    assert capped[0, 0] == 0 and shared[0, 0] > 0 and capped[0, 1] == shared[0, 1] > 0
+    assert torch.equal(capped[1], shared[1]) and capped[1, 0] < 0      # a failure's turns keep their credit
 
 
 def copy_episode(ep, suffix):
