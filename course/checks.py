@@ -35,11 +35,12 @@ def hidden_rng(salt: int) -> np.random.Generator:
 @check("clock", hidden=True, table=HIDDEN_EXPERIMENT_CHECKS)
 def clock_numbers_show_the_effect_the_reference_runs_show(answers, key):
     """Judged on the pairs (one seed, one clock setting: both runs share the warm start) whose warm start can
-    already repair: from one below WARM_ENOUGH neither setting learns (seed 43064: 0.125 -> 0.110 and 0.125),
-    which says nothing about the clock; fewer than two such pairs: not checked. Measured (README, E3): on the
-    eleven such pairs of seeds 0, 1, 2, 43064, 32980, 3329, valuing the budget 0 reached 1.000 every time, and
-    bootstrapping it lost 0.54-1.00 of it on nine and 0.00-0.005 on two; requiring a mean loss of 0.2 fails an
-    honest student with five or six such pairs about one time in 500 (those eleven losses, resampled)."""
+    already repair: from one below WARM_ENOUGH neither setting learns (seed 43064: 0.125 -> 0.110 and 0.110),
+    which says nothing about the clock; fewer than two such pairs: not checked. Measured (README, E3, at 1
+    thread): on the eleven such pairs of seeds 0, 1, 2, 43064, 32980, 3329, valuing the budget 0 reached 1.000
+    every time, and bootstrapping it lost 0.54-1.00 of it on eight and 0.00-0.38 on three; requiring a mean
+    loss of 0.2 fails an honest student with five such pairs about one time in 400, with six one in 900
+    (those eleven losses, resampled)."""
     clock_numbers_are_your_runs_own_records(answers, key)
     clock, pairs = answers["clock"], []
     for value, boot in (("value_zero", "bootstrap_budget"), ("hidden_clock_value_zero", "hidden_clock_bootstrap_budget")):
@@ -54,7 +55,7 @@ def clock_numbers_show_the_effect_the_reference_runs_show(answers, key):
     value, boot = (round(sum(p[j] for p in pairs) / len(pairs), 3) for j in (0, 1))
     assert value >= 0.8, f"answers.json: with the budget valued 0 the reference reaches 1.000 on every seed; " \
                          f"your {len(pairs)} pairs from a warm start that can repair: mean {value}"
-    assert value - boot >= 0.2, f"answers.json: bootstrapping the budget loses 0.70 of the mean dev success in the " \
+    assert value - boot >= 0.2, f"answers.json: bootstrapping the budget loses 0.69 of the mean dev success in the " \
                                 f"reference runs (0.2 or more expected); your pairs: {value} valued 0, {boot} bootstrapped"
 
 
