@@ -652,8 +652,9 @@ def advantages_for(batch, episodes, policy, cfg: Config):
 
 # first reading
 def denied_turns(episodes, K: int) -> torch.Tensor:
-    """(B, K) True where the host gate denied the turn's action. In a successful episode every turn's advantage is
-    positive, the denied one's too: learn caps these at 0 by default, so a forbidden try is never reinforced."""
+    """(B, K) True where the host gate denied the turn's action (a safety rule or a malformed call). Under grpo a
+    success in a mixed group gives every turn a positive advantage, the denied one's too: learn caps these turns
+    at 0 by default (cfg.deny_credit), so PPO never reinforces a denied try."""
     return torch.tensor([[not t.gate_allowed for t in ep.turns] + [False] * (K - len(ep.turns)) for ep in episodes])
 
 
@@ -891,9 +892,10 @@ def ppo_step_loss(policy, ref_policy, rows, token_adv, returns, cfg: Config):
 def learn(policy, optimizer, ref_policy, tok, cfg: Config, store: TrajectoryStore, grads: GradMonitor,
           episodes: list, version: int) -> dict:
     """Store -> pack -> credit -> PPO, as policy `version`: the store admits the episodes (or refuses them), pack
-    lays them out as token rows with the action mask, the credit gives each turn its advantage, and the clipped
-    surrogate is optimised over several epochs. Returns the iteration's monitors (GradMonitor, Part II: the spike
-    rule that may skip an update). rs_sft and dpo take other_route instead (Part II)."""
+    lays them out as token rows with the action mask, the credit gives each turn its advantage (at most 0 on a turn
+    the gate denied, by default), and the clipped surrogate is optimised over several epochs. Returns the
+    iteration's monitors (GradMonitor, Part II: the spike rule that may skip an update). rs_sft and dpo take
+    other_route instead (Part II)."""
     t0, stale_before, skipped_before = time.time(), store.refused_stale, grads.skipped
     store.add_all(episodes, current_version=version)
     admitted = store.take()
