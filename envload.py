@@ -249,6 +249,7 @@ def where_in(tb, drop: int = 0) -> str:
     """The line a traceback names for the environment's author: its innermost frame outside Python's own library and
     the installed packages (a tool's loop, not numpy's; a reset that sleeps, not time.sleep), else its innermost.
     drop: frames to leave off its end (a signal handler's own)."""
-    frames = traceback.extract_tb(tb)[:len(traceback.extract_tb(tb)) - drop]
+    frames = traceback.extract_tb(tb)
+    frames = frames[:len(frames) - drop]
     theirs = [f for f in frames if not str(Path(f.filename).resolve()).startswith(PYTHONS_OWN)] or frames
     return f"{Path(theirs[-1].filename).name} line {theirs[-1].lineno}, in {theirs[-1].name}" if theirs else "?"
